@@ -1,0 +1,213 @@
+/// @file
+/// The cuda platform: device ids, owning streams and events that are destroyed on their own device,
+/// a non-owning stream view and asynchronous copies, with the surface of platform/platform.hpp.
+///
+/// Thread safety: every function is thread-safe as the CUDA runtime is; an event, like a
+/// cudaEvent_t, must not be recorded by one thread while another uses it.
+#pragma once
+
+#include <custody/core/error.hpp>
+#include <custody/platform/platform.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+
+namespace custody::cuda {
+
+/// Number of visible CUDA devices; 0 when there is no device or no driver (never throws for that).
+[[nodiscard]] inline int device_count() noexcept {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        static_cast<void>(cudaGetLastError());
+        return 0;
+    }
+    return count;
+}
+
+[[nodiscard]] inline int current_device() {
+    int device = 0;
+    CUSTODY_CUDA_TRY(cudaGetDevice(&device));
+    return device;
+}
+
+namespace detail {
+
+/// Runs `f` with `device` current and restores the caller's device; for destructors and
+/// deallocate, which must not throw. If the device cannot be made current, `f` does not run and
+/// the failure is reported (the process is most likely exiting).
+template <class F>
+void on_device_noexcept(int device, F&& f) noexcept {
+    int previous = 0;
+    if (cudaGetDevice(&previous) != cudaSuccess) {
+        static_cast<void>(cudaGetLastError());
+        return;
+    }
+    if (device >= 0 && previous != device) {
+        const cudaError_t status = cudaSetDevice(device);
+        if (status != cudaSuccess) {
+            static_cast<void>(cudaGetLastError());
+            if (status != cudaErrorCudartUnloading) report_noexcept_failure("cudaSetDevice", cudaGetErrorName(status));
+            return;
+        }
+    }
+    f();
+    if (device >= 0 && previous != device) static_cast<void>(cudaSetDevice(previous));
+}
+
+} // namespace detail
+
+struct platform;
+
+/// A non-owning handle to a CUDA stream; value-initialized, the default (legacy) stream.
+class stream_view {
+public:
+    using platform_type = cuda::platform;
+
+    constexpr stream_view() noexcept = default;
+    constexpr stream_view(cudaStream_t handle) noexcept : handle_(handle) {} // NOLINT: implicit by design
+    [[nodiscard]] constexpr cudaStream_t get() const noexcept { return handle_; }
+    [[nodiscard]] constexpr bool is_default() const noexcept { return handle_ == nullptr; }
+    friend constexpr bool operator==(stream_view, stream_view) noexcept = default;
+
+private:
+    cudaStream_t handle_ = nullptr;
+};
+
+/// An owning CUDA stream (non-blocking with respect to the legacy default stream), created and
+/// destroyed on its device whatever device the calling thread has current. Move-only.
+class stream {
+public:
+    explicit stream(int device = current_device());
+    stream(stream&& other) noexcept
+        : handle_(std::exchange(other.handle_, nullptr)), device_(other.device_) {}
+    stream& operator=(stream&& other) noexcept {
+        if (this != &other) {
+            reset();
+            handle_ = std::exchange(other.handle_, nullptr);
+            device_ = other.device_;
+        }
+        return *this;
+    }
+    stream(const stream&) = delete;
+    stream& operator=(const stream&) = delete;
+    ~stream() { reset(); }
+
+    [[nodiscard]] stream_view view() const noexcept { return stream_view(handle_); }
+    operator stream_view() const noexcept { return view(); } // NOLINT: a stream is usable as its view
+    [[nodiscard]] int device() const noexcept { return device_; }
+
+private:
+    void reset() noexcept;
+    cudaStream_t handle_ = nullptr;
+    int device_ = -1;
+};
+
+/// An owning CUDA event without timing, created and destroyed on its device. Move-only.
+class event {
+public:
+    explicit event(int device = current_device());
+    event(event&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)), device_(other.device_) {}
+    event& operator=(event&& other) noexcept {
+        if (this != &other) {
+            reset();
+            handle_ = std::exchange(other.handle_, nullptr);
+            device_ = other.device_;
+        }
+        return *this;
+    }
+    event(const event&) = delete;
+    event& operator=(const event&) = delete;
+    ~event() { reset(); }
+
+    /// Captures the work enqueued on `s` so far. `s` must belong to this event's device.
+    void record(stream_view s) { CUSTODY_CUDA_TRY(cudaEventRecord(handle_, s.get())); }
+    [[nodiscard]] bool ready() const {
+        const cudaError_t status = cudaEventQuery(handle_);
+        if (status == cudaSuccess) return true;
+        if (status == cudaErrorNotReady) {
+            static_cast<void>(cudaGetLastError());
+            return false;
+        }
+        CUSTODY_CUDA_TRY(status);
+        return false;
+    }
+    void synchronize() const { CUSTODY_CUDA_TRY(cudaEventSynchronize(handle_)); }
+    [[nodiscard]] cudaEvent_t get() const noexcept { return handle_; }
+    [[nodiscard]] int device() const noexcept { return device_; }
+
+private:
+    void reset() noexcept;
+    cudaEvent_t handle_ = nullptr;
+    int device_ = -1;
+};
+
+/// The cuda platform's operations (see platform/platform.hpp).
+struct platform {
+    using stream_view = cuda::stream_view;
+    using stream = cuda::stream;
+    using event = cuda::event;
+    static constexpr std::string_view name = "cuda";
+
+    [[nodiscard]] static int device_count() noexcept { return cuda::device_count(); }
+    [[nodiscard]] static int current_device() { return cuda::current_device(); }
+    static void set_device(int device) { CUSTODY_CUDA_TRY(cudaSetDevice(device)); }
+    static void set_device_noexcept(int device) noexcept { CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaSetDevice(device)); }
+
+    [[nodiscard]] static std::uintptr_t stream_key(stream_view s) noexcept {
+        return reinterpret_cast<std::uintptr_t>(s.get());
+    }
+    [[nodiscard]] static int stream_device(stream_view s) {
+        if (s.is_default()) return current_device();
+        int device = 0;
+        CUSTODY_CUDA_TRY(cudaStreamGetDevice(s.get(), &device));
+        return device;
+    }
+    static void synchronize(stream_view s) { CUSTODY_CUDA_TRY(cudaStreamSynchronize(s.get())); }
+    static void wait(stream_view s, const event& e) { CUSTODY_CUDA_TRY(cudaStreamWaitEvent(s.get(), e.get(), 0)); }
+    [[nodiscard]] static bool is_capturing(stream_view s) {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        CUSTODY_CUDA_TRY(cudaStreamIsCapturing(s.get(), &status));
+        return status != cudaStreamCaptureStatusNone;
+    }
+    static void memcpy_async(void* dst, const void* src, std::size_t bytes, stream_view s) {
+        if (bytes == 0) return;
+        CUSTODY_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s.get()));
+    }
+    static void memset_async(void* dst, int value, std::size_t bytes, stream_view s) {
+        if (bytes == 0) return;
+        CUSTODY_CUDA_TRY(cudaMemsetAsync(dst, value, bytes, s.get()));
+    }
+};
+
+static_assert(custody::platform<platform>);
+
+/// Sets and restores the calling thread's current CUDA device.
+using device_guard = basic_device_guard<platform>;
+
+inline stream::stream(int device) : device_(device) {
+    device_guard guard(device);
+    CUSTODY_CUDA_TRY(cudaStreamCreateWithFlags(&handle_, cudaStreamNonBlocking));
+}
+
+inline void stream::reset() noexcept {
+    if (handle_ == nullptr) return;
+    detail::on_device_noexcept(device_, [&] { CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaStreamDestroy(handle_)); });
+    handle_ = nullptr;
+}
+
+inline event::event(int device) : device_(device) {
+    device_guard guard(device);
+    CUSTODY_CUDA_TRY(cudaEventCreateWithFlags(&handle_, cudaEventDisableTiming));
+}
+
+inline void event::reset() noexcept {
+    if (handle_ == nullptr) return;
+    detail::on_device_noexcept(device_, [&] { CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaEventDestroy(handle_)); });
+    handle_ = nullptr;
+}
+
+} // namespace custody::cuda

@@ -1,0 +1,85 @@
+/// @file
+/// The platform surface: the operations on devices, streams and events that every strategy is
+/// written against once, and that both platforms (`cuda::platform`, `host::platform`) provide.
+///
+/// A platform P provides:
+///
+///   P::stream_view          non-owning, trivially copyable, equality-comparable stream handle;
+///                           value-initialized it names the platform's default stream
+///   P::stream               owning, move-only stream bound to one device; `.view()`
+///   P::event                owning, move-only completion marker created on one device
+///   P::name                 "cuda" or "host"
+///   P::device_count()       number of devices
+///   P::current_device()     this thread's current device
+///   P::set_device(d)        makes d this thread's current device
+///   P::stream_key(s)        an integer that identifies s among live streams (per-stream maps)
+///   P::stream_device(s)     the device s belongs to
+///   P::synchronize(s)       blocks until all work enqueued on s so far has finished
+///   P::wait(s, e)           work enqueued on s after this call waits for e, without blocking the host
+///   P::is_capturing(s)      s is being captured into a graph (always false on the host platform)
+///   P::memcpy_async(dst, src, n, s), P::memset_async(dst, v, n, s)
+///
+///   event e(device)         created on `device`
+///   e.record(s)             e completes when all work enqueued on s before this call has finished
+///   e.ready()               e has completed (non-blocking query)
+///   e.synchronize()         blocks until e has completed
+///
+/// The `platform` concept below checks the shape; docs/platform.md explains the semantics.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+namespace custody {
+
+template <class P>
+concept platform = requires(typename P::stream_view s, typename P::event& e, const typename P::event& ce,
+                            int device, void* dst, const void* src, std::size_t bytes) {
+    requires std::is_trivially_copyable_v<typename P::stream_view>;
+    requires std::equality_comparable<typename P::stream_view>;
+    requires std::movable<typename P::stream> && !std::copyable<typename P::stream>;
+    requires std::movable<typename P::event> && !std::copyable<typename P::event>;
+    requires std::constructible_from<typename P::event, int>;
+    { P::name } -> std::convertible_to<std::string_view>;
+    { P::device_count() } -> std::same_as<int>;
+    { P::current_device() } -> std::same_as<int>;
+    P::set_device(device);
+    { P::stream_key(s) } -> std::same_as<std::uintptr_t>;
+    { P::stream_device(s) } -> std::same_as<int>;
+    P::synchronize(s);
+    P::wait(s, ce);
+    { P::is_capturing(s) } -> std::same_as<bool>;
+    P::memcpy_async(dst, src, bytes, s);
+    P::memset_async(dst, 0, bytes, s);
+    e.record(s);
+    { ce.ready() } -> std::same_as<bool>;
+    ce.synchronize();
+};
+
+/// Makes a device current for a scope and restores the previous one on exit, on any platform.
+/// Not thread-safe by nature: the current device is per thread, and so is a guard.
+template <class Platform>
+class basic_device_guard {
+public:
+    /// Makes `device` current; a negative device (memory that belongs to no device) changes nothing.
+    explicit basic_device_guard(int device) : previous_(Platform::current_device()) {
+        if (device >= 0 && device != previous_) {
+            Platform::set_device(device);
+            switched_ = true;
+        }
+    }
+    ~basic_device_guard() {
+        if (switched_) Platform::set_device_noexcept(previous_);
+    }
+    basic_device_guard(const basic_device_guard&) = delete;
+    basic_device_guard& operator=(const basic_device_guard&) = delete;
+
+private:
+    int previous_;
+    bool switched_ = false;
+};
+
+} // namespace custody

@@ -1,0 +1,38 @@
+// The resources the contract suite runs over on the host platform. Add a case here for every new
+// host-platform resource.
+#pragma once
+
+#include <custody/resource/fault_injecting.hpp>
+#include <custody/resource/host_memory.hpp>
+#include <custody/resource/virtual_device_memory.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <tuple>
+
+namespace custody::test {
+
+struct host_memory_case {
+    using resource = custody::resource::host_memory;
+    static std::unique_ptr<resource> make() { return std::make_unique<resource>(); }
+    static constexpr std::size_t max_alignment = resource::max_alignment;
+    static constexpr bool exhaustible = true;
+};
+
+struct virtual_device_memory_case {
+    using resource = custody::resource::virtual_device_memory;
+    static std::unique_ptr<resource> make() { return std::make_unique<resource>(1, std::size_t{1} << 30); }
+    static constexpr std::size_t max_alignment = resource::max_alignment;
+    static constexpr bool exhaustible = true;
+};
+
+struct fault_injecting_case {
+    using resource = custody::resource::fault_injecting<custody::resource::virtual_device_memory>;
+    static std::unique_ptr<resource> make() { return std::make_unique<resource>(2, std::size_t{1} << 30); }
+    static constexpr std::size_t max_alignment = custody::resource::virtual_device_memory::max_alignment;
+    static constexpr bool exhaustible = true;
+};
+
+using host_contract_cases = std::tuple<host_memory_case, virtual_device_memory_case, fault_injecting_case>;
+
+} // namespace custody::test
