@@ -1,0 +1,147 @@
+/// @file
+/// `rank_info`: where this process stands among the ranks of a job (global rank, local rank, world
+/// size), read from the launcher's environment: torchrun and most launchers (RANK, LOCAL_RANK,
+/// WORLD_SIZE), Open MPI (OMPI_COMM_WORLD_*) and Slurm (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS).
+/// No CUDA: compiles with a plain C++20 compiler.
+#pragma once
+
+#include <custody/core/error.hpp>
+
+#include <array>
+#include <charconv>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+namespace custody::interop {
+
+/// Rank and device-binding failures: an environment that names no rank or an inconsistent one, a
+/// local rank without a device, two local ranks on one device.
+class rank_error : public error {
+public:
+    using error::error;
+};
+
+/// This process's place in the job. Invariants: 0 <= rank < world_size; 0 <= local_rank;
+/// local_world_size == -1 (unknown) or 0 <= local_rank < local_world_size <= world_size.
+struct rank_info {
+    int rank = 0;
+    int local_rank = 0;
+    int world_size = 1;
+    int local_world_size = -1;
+    /// Where the values came from: "torchrun", "Open MPI", "Slurm" or "caller".
+    std::string source = "caller";
+
+    friend bool operator==(const rank_info&, const rank_info&) = default;
+};
+
+/// Looks up an environment variable by name; nullopt when it is not set.
+using environment_lookup = std::function<std::optional<std::string>(std::string_view)>;
+
+namespace detail {
+
+/// One launcher's variable names, in order of precedence.
+struct launcher_variables {
+    const char* launcher;
+    const char* rank;
+    const char* local_rank;
+    const char* world_size;
+    const char* local_world_size; ///< optional
+};
+
+inline constexpr std::array<launcher_variables, 3> launchers{{
+    {"torchrun", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"Slurm", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"},
+}};
+
+/// Parses a non-negative int, the whole string; throws rank_error naming the variable otherwise.
+inline int parse_count(std::string_view name, const std::string& text) {
+    int value = 0;
+    const char* first = text.data();
+    const char* last = text.data() + text.size();
+    const auto [end, ec] = std::from_chars(first, last, value);
+    if (text.empty() || ec != std::errc{} || end != last || value < 0) {
+        throw rank_error("custody: " + std::string(name) + "='" + text + "' is not a non-negative integer");
+    }
+    return value;
+}
+
+inline std::optional<std::string> getenv_lookup(std::string_view name) {
+    const char* value = std::getenv(std::string(name).c_str()); // NOLINT(concurrency-mt-unsafe): read-only
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+}
+
+} // namespace detail
+
+/// Checks the invariants of `info` and returns it; throws rank_error with the offending values.
+inline rank_info validate(rank_info info) {
+    const std::string where = " (from " + info.source + ")";
+    if (info.world_size < 1) {
+        throw rank_error("custody: world size " + std::to_string(info.world_size) + " is not positive" + where);
+    }
+    if (info.rank < 0 || info.rank >= info.world_size) {
+        throw rank_error("custody: rank " + std::to_string(info.rank) + " is not below the world size " +
+                         std::to_string(info.world_size) + where);
+    }
+    if (info.local_rank < 0 || info.local_rank >= info.world_size) {
+        throw rank_error("custody: local rank " + std::to_string(info.local_rank) +
+                         " is not below the world size " + std::to_string(info.world_size) + where);
+    }
+    if (info.local_world_size != -1 &&
+        (info.local_rank >= info.local_world_size || info.local_world_size > info.world_size)) {
+        throw rank_error("custody: local rank " + std::to_string(info.local_rank) + " and local world size " +
+                         std::to_string(info.local_world_size) + " do not fit world size " +
+                         std::to_string(info.world_size) + where);
+    }
+    return info;
+}
+
+/// Reads the rank from the environment seen through `lookup`. The first launcher whose rank
+/// variable is set wins (torchrun, then Open MPI, then Slurm); that launcher's rank, local rank and
+/// world size must then all be set, be non-negative integers and be consistent.
+///
+/// Throws rank_error when no launcher's variables are set (naming what was looked for), when one is
+/// missing, or when a value is malformed or inconsistent (naming the variable and its value).
+/// Thread safety: as `lookup`. Complexity: a dozen lookups.
+[[nodiscard]] inline rank_info rank_from_environment(const environment_lookup& lookup) {
+    for (const auto& vars : detail::launchers) {
+        const auto rank = lookup(vars.rank);
+        if (!rank) continue;
+        rank_info info;
+        info.source = vars.launcher;
+        info.rank = detail::parse_count(vars.rank, *rank);
+        for (const auto& [name, field] : {std::pair{vars.local_rank, &info.local_rank},
+                                          std::pair{vars.world_size, &info.world_size}}) {
+            const auto value = lookup(name);
+            if (!value) {
+                throw rank_error(std::string("custody: ") + vars.rank + " is set but " + name +
+                                 " is not (launcher: " + vars.launcher + ")");
+            }
+            *field = detail::parse_count(name, *value);
+        }
+        if (const auto local_size = lookup(vars.local_world_size)) {
+            // Slurm's SLURM_NTASKS_PER_NODE may read "4(x2)" on uneven layouts: keep it unknown then.
+            const std::string& text = *local_size;
+            if (text.find_first_not_of("0123456789") == std::string::npos) {
+                info.local_world_size = detail::parse_count(vars.local_world_size, text);
+            }
+        }
+        return validate(std::move(info));
+    }
+    throw rank_error("custody: no rank in the environment: set RANK, LOCAL_RANK and WORLD_SIZE (as torchrun "
+                     "does), or launch under Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_LOCAL_RANK, "
+                     "OMPI_COMM_WORLD_SIZE) or Slurm (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS)");
+}
+
+/// Reads the rank from this process's environment (see the overload above).
+/// Thread safety: safe unless another thread modifies the environment at the same time.
+[[nodiscard]] inline rank_info rank_from_environment() { return rank_from_environment(&detail::getenv_lookup); }
+
+} // namespace custody::interop

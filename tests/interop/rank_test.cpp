@@ -1,0 +1,187 @@
+// interop/rank.hpp and interop/bind_device.hpp: rank detection from launcher environments, and the
+// duplicate-device check run by N ranks as N threads meeting at a barrier (the host path of the
+// exchange an NCCL communicator does on GPUs).
+#include <custody/interop/bind_device.hpp>
+#include <custody/interop/rank.hpp>
+#include <custody/platform/host.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <barrier>
+#include <cstddef>
+#include <exception>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+using custody::interop::bind_device;
+using custody::interop::binding_options;
+using custody::interop::device_binding;
+using custody::interop::device_claim;
+using custody::interop::duplicate_device_error;
+using custody::interop::rank_error;
+using custody::interop::rank_from_environment;
+using custody::interop::rank_info;
+using host_platform = custody::host::platform;
+
+namespace {
+
+custody::interop::environment_lookup env(std::map<std::string, std::string> vars) {
+    return [vars = std::move(vars)](std::string_view name) -> std::optional<std::string> {
+        const auto it = vars.find(std::string(name));
+        if (it == vars.end()) return std::nullopt;
+        return it->second;
+    };
+}
+
+/// N ranks as N threads: each all_gather writes its claim to its slot, meets the others at a
+/// barrier, copies every slot, and meets them again so no slot is rewritten while being read.
+class thread_exchange {
+public:
+    explicit thread_exchange(int ranks) : slots_(static_cast<std::size_t>(ranks)), barrier_(ranks) {}
+
+    std::vector<device_claim> all_gather(const device_claim& mine) {
+        slots_.at(static_cast<std::size_t>(mine.rank)) = mine;
+        barrier_.arrive_and_wait();
+        std::vector<device_claim> all = slots_;
+        barrier_.arrive_and_wait();
+        return all;
+    }
+
+private:
+    std::vector<device_claim> slots_;
+    std::barrier<> barrier_;
+};
+static_assert(custody::interop::claim_exchange<thread_exchange>);
+
+struct outcome {
+    std::optional<device_binding> binding;
+    std::string error;
+    int first = -1;
+    int second = -1;
+    int device_after = -1; ///< the thread's current device after the call
+};
+
+/// Runs bind_device on `ranks.size()` threads; hosts[i] is rank i's host name.
+std::vector<outcome> bind_all(const std::vector<rank_info>& ranks, const std::vector<std::string>& hosts) {
+    thread_exchange exchange(static_cast<int>(ranks.size()));
+    std::vector<outcome> results(ranks.size());
+    {
+        std::vector<std::jthread> threads;
+        for (std::size_t i = 0; i < ranks.size(); ++i) {
+            threads.emplace_back([&, i] {
+                host_platform::set_device(7); // a device no rank chooses: shows whether binding changed it
+                try {
+                    results[i].binding = bind_device<host_platform>(ranks[i], exchange, binding_options{hosts[i], {}});
+                } catch (const duplicate_device_error& e) {
+                    results[i].error = e.what();
+                    results[i].first = e.first_rank();
+                    results[i].second = e.second_rank();
+                } catch (const std::exception& e) {
+                    results[i].error = e.what();
+                }
+                results[i].device_after = host_platform::current_device();
+            });
+        }
+    }
+    return results;
+}
+
+rank_info rank(int r, int local, int world) { return rank_info{r, local, world, -1, "test"}; }
+
+} // namespace
+
+TEST_CASE("the rank is read from torchrun, Open MPI and Slurm variables", "[interop][rank]") {
+    const auto torchrun = rank_from_environment(env({{"RANK", "5"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "8"},
+                                                     {"LOCAL_WORLD_SIZE", "4"}}));
+    CHECK(torchrun == rank_info{5, 1, 8, 4, "torchrun"});
+    const auto mpi = rank_from_environment(env({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+                                                {"OMPI_COMM_WORLD_SIZE", "4"}}));
+    CHECK(mpi == rank_info{3, 3, 4, -1, "Open MPI"});
+    const auto slurm = rank_from_environment(env({{"SLURM_PROCID", "6"}, {"SLURM_LOCALID", "2"}, {"SLURM_NTASKS", "8"},
+                                                  {"SLURM_NTASKS_PER_NODE", "4(x2)"}}));
+    CHECK(slurm == rank_info{6, 2, 8, -1, "Slurm"});
+    // torchrun's variables win over a surrounding Slurm allocation.
+    const auto both = rank_from_environment(env({{"RANK", "1"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "2"},
+                                                 {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS", "1"}}));
+    CHECK(both.source == "torchrun");
+    CHECK(both.rank == 1);
+}
+
+TEST_CASE("a missing or invalid environment is a clear rank_error", "[interop][rank]") {
+    CHECK_THROWS_WITH(rank_from_environment(env({})),
+                      Catch::Contains("no rank in the environment") && Catch::Contains("LOCAL_RANK") &&
+                          Catch::Contains("SLURM_PROCID") && Catch::Contains("OMPI_COMM_WORLD_RANK"));
+    CHECK_THROWS_WITH(rank_from_environment(env({{"RANK", "0"}, {"WORLD_SIZE", "2"}})),
+                      Catch::Contains("RANK is set but LOCAL_RANK is not"));
+    CHECK_THROWS_WITH(rank_from_environment(env({{"RANK", "0"}, {"LOCAL_RANK", "zero"}, {"WORLD_SIZE", "2"}})),
+                      Catch::Contains("LOCAL_RANK='zero' is not a non-negative integer"));
+    CHECK_THROWS_WITH(rank_from_environment(env({{"RANK", "-1"}, {"LOCAL_RANK", "0"}, {"WORLD_SIZE", "2"}})),
+                      Catch::Contains("RANK='-1'"));
+    CHECK_THROWS_WITH(rank_from_environment(env({{"RANK", "2 "}, {"LOCAL_RANK", "0"}, {"WORLD_SIZE", "4"}})),
+                      Catch::Contains("RANK='2 '"));
+    CHECK_THROWS_WITH(rank_from_environment(env({{"RANK", "4"}, {"LOCAL_RANK", "0"}, {"WORLD_SIZE", "4"}})),
+                      Catch::Contains("rank 4 is not below the world size 4"));
+    CHECK_THROWS_WITH(rank_from_environment(env({{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS", "0"}})),
+                      Catch::Contains("world size 0 is not positive") && Catch::Contains("Slurm"));
+    CHECK_THROWS_AS(rank_from_environment(env({{"RANK", "0"}, {"LOCAL_RANK", "3"}, {"WORLD_SIZE", "4"},
+                                               {"LOCAL_WORLD_SIZE", "2"}})),
+                    rank_error);
+}
+
+TEST_CASE("two ranks given one device: every rank fails with an error naming both", "[interop][rank]") {
+    // Ranks 0 and 1 both read LOCAL_RANK=0 on host-a (a misconfigured launcher).
+    const auto results = bind_all({rank(0, 0, 3), rank(1, 0, 3), rank(2, 1, 3)}, {"host-a", "host-a", "host-a"});
+    for (const auto& r : results) {
+        CHECK_FALSE(r.binding.has_value());
+        CHECK(r.error == "custody: ranks 0 and 1 both chose device 0 on host host-a (device 0); give each local "
+                         "rank its own device (LOCAL_RANK, CUDA_VISIBLE_DEVICES)");
+        CHECK(r.first == 0);
+        CHECK(r.second == 1);
+        CHECK(r.device_after == 7); // unchanged on failure
+    }
+}
+
+TEST_CASE("distinct devices, or one device index on different hosts, bind", "[interop][rank]") {
+    const auto results = bind_all({rank(0, 0, 4), rank(1, 1, 4), rank(2, 0, 4), rank(3, 1, 4)},
+                                  {"host-a", "host-a", "host-b", "host-b"});
+    for (std::size_t i = 0; i < results.size(); ++i) {
+        INFO("rank " << i << ": " << results[i].error);
+        REQUIRE(results[i].binding.has_value());
+        CHECK(results[i].binding->device == static_cast<int>(i % 2));
+        CHECK(results[i].device_after == static_cast<int>(i % 2));
+        CHECK(results[i].binding->device_id == "device " + std::to_string(i % 2));
+    }
+}
+
+TEST_CASE("a local rank beyond the visible devices is a rank_error", "[interop][rank]") {
+    const int count = host_platform::device_count();
+    thread_exchange exchange(count + 1);
+    CHECK_THROWS_WITH(bind_device<host_platform>(rank(count, count, count + 1), exchange),
+                      Catch::Contains("local rank " + std::to_string(count)) && Catch::Contains("has no device"));
+}
+
+TEST_CASE("the claims must cover every rank once", "[interop][rank]") {
+    device_claim a;
+    a.rank = 0;
+    a.device = 0;
+    device_claim::assign(a.host, "h");
+    device_claim::assign(a.device_id, "device 0");
+    device_claim b = a;
+    b.device = 1;
+    device_claim::assign(b.device_id, "device 1");
+    CHECK_THROWS_WITH(custody::interop::check_device_claims({a, b}, 2), Catch::Contains("no claim from rank 1"));
+    CHECK_THROWS_WITH(custody::interop::check_device_claims({a}, 2), Catch::Contains("gathered 1 claims"));
+    b.rank = 1;
+    CHECK_NOTHROW(custody::interop::check_device_claims({b, a}, 2));
+    // Identity, not the index, decides: one GPU seen as device 0 by both ranks under different
+    // CUDA_VISIBLE_DEVICES orderings collides only if its UUID matches.
+    device_claim::assign(b.device_id, "device 0");
+    CHECK_THROWS_AS(custody::interop::check_device_claims({a, b}, 2), duplicate_device_error);
+    // Long host names are truncated, never overrun.
+    device_claim::assign(a.host, std::string(500, 'x'));
+    CHECK(a.host_name().size() == device_claim::text_size - 1);
+}
