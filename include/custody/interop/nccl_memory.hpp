@@ -1,0 +1,72 @@
+/// @file
+/// `nccl_memory`: device memory from ncclMemAlloc, the allocation NCCL can register for zero-copy
+/// user buffers (NVLink SHARP, user-buffer registration), as a custody leaf resource.
+#pragma once
+
+#include <custody/core/concepts.hpp>
+#include <custody/core/error.hpp>
+#include <custody/core/properties.hpp>
+#include <custody/platform/cuda.hpp>
+#include <custody/resource/detail/leaf.hpp>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstddef>
+
+namespace custody::interop::nccl {
+
+/// Memory of one CUDA device from ncclMemAlloc / ncclMemFree. Use it as the upstream of a pool so
+/// that the buffers handed to collectives can be registered with ncclCommRegister.
+///
+/// Device binding: every call runs with the resource's device current and restores the caller's.
+/// Stream semantics: ncclMemAlloc is synchronous, so allocate returns memory usable at once by
+/// work on any stream. deallocate on a stream first waits for the work already enqueued on that
+/// stream (cudaStreamSynchronize), then frees: a blocking call, which a pool makes rarely (when
+/// it trims). Prefer a pool over it for frequent allocations.
+/// Thread safety: thread-safe. Ownership: owns nothing beyond the blocks it hands out.
+/// Alignment: ncclMemAlloc aligns to the VMM granularity (at least 2 MiB on current GPUs);
+/// alignments up to 4096 are accepted. Exhaustion (any ncclMemAlloc failure) is out_of_memory.
+/// Equality: interchangeable per device (ncclMemFree frees any ncclMemAlloc block).
+/// Complexity: that of ncclMemAlloc (a VMM reservation and mapping: slow, microseconds to ms).
+class nccl_memory final : public custody::resource::detail::leaf<nccl_memory, custody::cuda::platform> {
+public:
+    static constexpr const char* name = "nccl_memory";
+    static constexpr std::size_t max_alignment = custody::max_alignment;
+    static constexpr bool interchangeable = true;
+
+    /// Memory of `device` (by default the calling thread's current device).
+    explicit nccl_memory(int device = custody::cuda::current_device()) noexcept : leaf(device) {}
+
+    void* raw_allocate_sync(std::size_t bytes, std::size_t) noexcept {
+        void* ptr = nullptr;
+        custody::cuda::detail::on_device_noexcept(device(), [&] {
+            if (ncclMemAlloc(&ptr, bytes) != ncclSuccess) {
+                static_cast<void>(cudaGetLastError());
+                ptr = nullptr;
+            }
+        });
+        return ptr;
+    }
+    void raw_deallocate_sync(void* ptr, std::size_t, std::size_t) noexcept {
+        custody::cuda::detail::on_device_noexcept(device(), [&] {
+            const ncclResult_t status = ncclMemFree(ptr);
+            if (status != ncclSuccess) report_noexcept_failure("ncclMemFree", ncclGetErrorString(status));
+        });
+    }
+    void* raw_allocate(stream_type, std::size_t bytes, std::size_t alignment) noexcept {
+        return raw_allocate_sync(bytes, alignment);
+    }
+    void raw_deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+        CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaStreamSynchronize(stream.get()));
+        raw_deallocate_sync(ptr, bytes, alignment);
+    }
+
+    friend void get_property(const nccl_memory&, device_accessible) noexcept {}
+};
+
+static_assert(try_allocatable_resource<nccl_memory>);
+static_assert(resource_with_statistics<nccl_memory>);
+static_assert(has_property<nccl_memory, device_accessible> && !has_property<nccl_memory, host_accessible>);
+
+} // namespace custody::interop::nccl
