@@ -1,0 +1,193 @@
+/// @file
+/// `pluggable_allocator`: the state behind a framework's pluggable-allocator entry points
+/// (PyTorch's CUDAPluggableAllocator loads `alloc(size, device, stream)` and
+/// `free(ptr, size, device, stream)` from a shared library): one custody resource per device,
+/// created on first use, with statistics, trimming and a text report per device.
+/// Platform-generic: the shared library in plugins/torch instantiates it over a pool on the cuda
+/// platform, and over virtual devices on the host platform for tests.
+#pragma once
+
+#include <custody/core/align.hpp>
+#include <custody/core/concepts.hpp>
+#include <custody/core/statistics.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace custody::interop {
+
+/// One `Resource` per device, made by `factory(device)` the first time the device is used, behind
+/// the calls a pluggable allocator exports. Every call is noexcept: errors become a null pointer
+/// (or a zero count) plus a message kept per thread (last_error()), since nothing may throw across
+/// a C boundary.
+///
+/// Stream semantics: alloc(size, device, stream) is `Resource::allocate(stream, size, 256)`; free
+/// gives the block back on the stream it is told (PyTorch passes the stream the block was
+/// allocated on; blocks used on other streams must be recorded by the framework, as with any
+/// stream-ordered allocator).
+/// Thread safety: thread-safe, as `Resource`. Creating a device's resource takes a mutex once;
+/// afterwards a device is found with one atomic load.
+/// Ownership: owns the resources; they live until the allocator is destroyed. A shared library
+/// should keep its allocator for the life of the process (never destroy it while the framework
+/// may still free), which is what plugins/torch does.
+/// Complexity: that of `Resource` plus one atomic load.
+template <stream_ordered_resource Resource>
+class pluggable_allocator {
+public:
+    using resource_type = Resource;
+    using stream_type = typename Resource::stream_type;
+    using factory_type = std::function<std::unique_ptr<Resource>(int device)>;
+
+    /// The alignment of every block: what cudaMalloc guarantees, and what PyTorch assumes.
+    static constexpr std::size_t alignment = default_alignment;
+
+    /// Serves devices 0..device_count-1, making each device's resource with `factory`.
+    pluggable_allocator(int device_count, factory_type factory)
+        : device_count_(device_count), factory_(std::move(factory)),
+          slots_(std::make_unique<std::atomic<Resource*>[]>(static_cast<std::size_t>(device_count))) {
+        if (device_count < 0) throw std::invalid_argument("custody: negative device count");
+    }
+    pluggable_allocator(const pluggable_allocator&) = delete;
+    pluggable_allocator& operator=(const pluggable_allocator&) = delete;
+    ~pluggable_allocator() {
+        for (int d = 0; d < device_count_; ++d) delete slots_[static_cast<std::size_t>(d)].load();
+    }
+
+    [[nodiscard]] int device_count() const noexcept { return device_count_; }
+
+    /// `size` bytes on `device`, ordered on `stream`; nullptr (and last_error()) on failure.
+    /// size == 0 returns nullptr without an error, as cudaMalloc of zero bytes may.
+    [[nodiscard]] void* alloc(std::ptrdiff_t size, int device, stream_type stream) noexcept {
+        return guarded<void*>(nullptr, [&]() -> void* {
+            if (size < 0) throw std::invalid_argument("custody: negative allocation size " + std::to_string(size));
+            return resource(device).allocate(stream, static_cast<std::size_t>(size), alignment);
+        });
+    }
+
+    /// Gives back `ptr` (from alloc with the same size and device) on `stream`.
+    void free(void* ptr, std::ptrdiff_t size, int device, stream_type stream) noexcept {
+        if (ptr == nullptr) return;
+        Resource* r = existing(device);
+        if (r == nullptr || size < 0) {
+            set_last_error("custody: free of a block custody did not allocate (device " + std::to_string(device) +
+                           ", size " + std::to_string(size) + ")");
+            return;
+        }
+        r->deallocate(stream, ptr, static_cast<std::size_t>(size), alignment);
+    }
+
+    /// The statistics of `device`'s resource (all zeros before its first allocation).
+    [[nodiscard]] resource_statistics statistics(int device) const noexcept {
+        const Resource* r = existing(device);
+        if (r == nullptr) return {};
+        if constexpr (resource_with_statistics<Resource>) {
+            return guarded<resource_statistics>({}, [&] { return r->statistics(); });
+        } else {
+            return {};
+        }
+    }
+
+    /// Gives back to the upstream what `device`'s resource holds and does not use (all devices
+    /// when device == -1), if the resource can (a `trim()` member returning the bytes released).
+    /// Returns the bytes released.
+    std::size_t trim(int device) noexcept {
+        std::size_t released = 0;
+        const int first = device == -1 ? 0 : device;
+        const int last = device == -1 ? device_count_ : device + 1;
+        for (int d = first; d < last; ++d) {
+            Resource* r = existing(d);
+            if (r == nullptr) continue;
+            if constexpr (requires { { r->trim() } -> std::convertible_to<std::size_t>; }) {
+                released += guarded<std::size_t>(0, [&] { return static_cast<std::size_t>(r->trim()); });
+            }
+        }
+        return released;
+    }
+
+    /// One line per device in use: live, peak, reserved bytes and counts.
+    [[nodiscard]] std::string report() const {
+        std::string text;
+        for (int d = 0; d < device_count_; ++d) {
+            if (existing(d) == nullptr) continue;
+            const resource_statistics s = statistics(d);
+            text += "custody device " + std::to_string(d) + ": live " + std::to_string(s.live_bytes) + " B in " +
+                    std::to_string(s.live_allocations) + " blocks, peak live " + std::to_string(s.peak_live_bytes) +
+                    " B, reserved " + std::to_string(s.reserved_bytes) + " B (peak " +
+                    std::to_string(s.peak_reserved_bytes) + " B), " + std::to_string(s.allocations) +
+                    " allocations, " + std::to_string(s.deallocations) + " deallocations\n";
+        }
+        if (text.empty()) text = "custody: no device used yet\n";
+        return text;
+    }
+
+    /// The message of this thread's last failed call ("" if none). Valid until this thread's next
+    /// call.
+    [[nodiscard]] static const char* last_error() noexcept { return last_error_slot().c_str(); }
+
+    /// The resource of `device`, made on first use. Throws std::invalid_argument for a device out
+    /// of range, and what the factory throws.
+    Resource& resource(int device) {
+        if (device < 0 || device >= device_count_) {
+            throw std::invalid_argument("custody: device " + std::to_string(device) + " out of range (" +
+                                        std::to_string(device_count_) + " devices)");
+        }
+        auto& slot = slots_[static_cast<std::size_t>(device)];
+        if (Resource* r = slot.load(std::memory_order_acquire)) return *r;
+        std::lock_guard lock(create_mutex_);
+        if (Resource* r = slot.load(std::memory_order_acquire)) return *r;
+        std::unique_ptr<Resource> made = factory_(device);
+        if (made == nullptr) throw std::runtime_error("custody: the resource factory returned nothing");
+        slot.store(made.get(), std::memory_order_release);
+        return *made.release();
+    }
+
+private:
+    [[nodiscard]] Resource* existing(int device) const noexcept {
+        if (device < 0 || device >= device_count_) return nullptr;
+        return slots_[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
+    }
+
+    static std::string& last_error_slot() noexcept {
+        thread_local std::string message;
+        return message;
+    }
+    static void set_last_error(std::string message) noexcept {
+        try {
+            last_error_slot() = std::move(message);
+        } catch (...) {
+            last_error_slot().clear();
+        }
+    }
+
+    /// Runs `f`, clears the last error, and returns its result; on an exception keeps its message
+    /// as the last error and returns `fallback`.
+    template <class T, class F>
+    static T guarded(T fallback, F&& f) noexcept {
+        try {
+            T result = std::forward<F>(f)();
+            last_error_slot().clear();
+            return result;
+        } catch (const std::exception& e) {
+            set_last_error(e.what());
+        } catch (...) {
+            set_last_error("custody: unknown exception");
+        }
+        return fallback;
+    }
+
+    int device_count_;
+    factory_type factory_;
+    std::unique_ptr<std::atomic<Resource*>[]> slots_; // slots_[d] == nullptr until device d is used
+    std::mutex create_mutex_;
+};
+
+} // namespace custody::interop

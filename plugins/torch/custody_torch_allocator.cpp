@@ -1,0 +1,116 @@
+// The shared library behind PyTorch's CUDAPluggableAllocator: custody_alloc / custody_free and the
+// statistics, trim and report functions of custody_torch_allocator.h, over one custody pool per
+// device. Built twice: over CUDA devices (CUSTODY_TORCH_CUDA), and over the host platform's virtual
+// devices so that the C interface is tested without a GPU.
+#include "custody_torch_allocator.h"
+
+#include <custody/interop/torch_allocator.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#if defined(CUSTODY_TORCH_CUDA)
+#include <custody/platform/cuda.hpp>
+#include <custody/resource/cuda_async.hpp>
+#else
+#include <custody/platform/host.hpp>
+#include <custody/resource/virtual_device_memory.hpp>
+#endif
+
+namespace {
+
+#if defined(CUSTODY_TORCH_CUDA)
+using platform = custody::cuda::platform;
+using upstream = custody::resource::cuda_async;
+#else
+using platform = custody::host::platform;
+using upstream = custody::resource::virtual_device_memory;
+#endif
+
+/// The per-device resource over `Upstream`, and how one is made for a device: change the two
+/// together. (The upstream alone serves every request today; the stream-ordered pool goes here.)
+template <class Upstream>
+using device_pool = Upstream;
+
+/// CUSTODY_TORCH_MAX_BYTES caps each device's memory (0 or unset: no cap beyond the device's).
+std::size_t max_bytes() {
+    const char* text = std::getenv("CUSTODY_TORCH_MAX_BYTES"); // NOLINT(concurrency-mt-unsafe)
+    if (text == nullptr || *text == '\0') return 0;
+    return static_cast<std::size_t>(std::strtoull(text, nullptr, 10));
+}
+
+std::unique_ptr<device_pool<upstream>> make_device_pool(int device) {
+#if defined(CUSTODY_TORCH_CUDA)
+    static_cast<void>(max_bytes());
+    return std::make_unique<device_pool<upstream>>(device);
+#else
+    const std::size_t cap = max_bytes();
+    return std::make_unique<device_pool<upstream>>(device, cap != 0 ? cap : std::size_t{8} << 30);
+#endif
+}
+
+using allocator = custody::interop::pluggable_allocator<device_pool<upstream>>;
+
+/// The process's allocator. Never destroyed: PyTorch may free blocks while static objects are
+/// being destroyed at exit, and custody never calls CUDA while the process is exiting.
+allocator& instance() {
+    static allocator* const the = new allocator(platform::device_count(), &make_device_pool);
+    return *the;
+}
+
+platform::stream_view stream_of([[maybe_unused]] void* stream) noexcept {
+#if defined(CUSTODY_TORCH_CUDA)
+    return platform::stream_view(static_cast<cudaStream_t>(stream));
+#else
+    return {}; // opaque on the host platform: the default host stream
+#endif
+}
+
+} // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) void* custody_alloc(ssize_t size, int device, void* stream) {
+    return instance().alloc(size, device, stream_of(stream));
+}
+
+__attribute__((visibility("default"))) void custody_free(void* ptr, ssize_t size, int device, void* stream) {
+    instance().free(ptr, size, device, stream_of(stream));
+}
+
+__attribute__((visibility("default"))) int custody_stats(int device, custody_torch_stats* out) {
+    if (out == nullptr || device < 0 || device >= instance().device_count()) return -1;
+    const custody::resource_statistics s = instance().statistics(device);
+    *out = custody_torch_stats{s.live_bytes, s.peak_live_bytes, s.reserved_bytes, s.peak_reserved_bytes,
+                               s.live_allocations, s.allocations, s.deallocations};
+    return 0;
+}
+
+__attribute__((visibility("default"))) size_t custody_trim(int device) { return instance().trim(device); }
+
+__attribute__((visibility("default"))) size_t custody_report(char* buffer, size_t capacity) {
+    std::string text;
+    try {
+        text = instance().report();
+    } catch (...) {
+        text = "custody: the report could not be built\n";
+    }
+    if (buffer != nullptr && capacity > 0) {
+        const std::size_t n = std::min(text.size(), capacity - 1);
+        std::memcpy(buffer, text.data(), n);
+        buffer[n] = '\0';
+    }
+    return text.size();
+}
+
+__attribute__((visibility("default"))) const char* custody_last_error(void) { return allocator::last_error(); }
+
+__attribute__((visibility("default"))) const char* custody_platform(void) { return platform::name.data(); }
+
+__attribute__((visibility("default"))) int custody_device_count(void) { return instance().device_count(); }
+
+} // extern "C"
