@@ -9,20 +9,23 @@ trap 'rm -rf "$work"' EXIT
 prefix="$work/prefix"
 
 # Headers only: no suites, benchmarks or examples, so the install is quick.
-"$meson" setup "$work/build" "$src" --prefix "$prefix" --libdir lib -Dtests=false -Dbenchmarks=disabled \
+"$meson" setup "$work/build" "$src" --prefix "$prefix" -Dtests=false -Dbenchmarks=disabled \
   -Dexamples=false >"$work/setup.log" 2>&1 || { cat "$work/setup.log"; exit 1; }
 "$meson" install -C "$work/build" --quiet >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
 
 test -f "$prefix/include/custody/core/concepts.hpp"
 test -f "$prefix/include/custody/interop/pmr.hpp"
-test -f "$prefix/lib/pkgconfig/custody.pc"
-test -f "$prefix/lib/cmake/custody/custodyConfig.cmake"
-test -f "$prefix/lib/cmake/custody/custodyConfigVersion.cmake"
-echo "installed into $prefix"
+# The libdir is the platform's default (lib/x86_64-linux-gnu on Debian), as a user's would be.
+pc=$(find "$prefix" -name custody.pc)
+config=$(find "$prefix" -name custodyConfig.cmake)
+test -n "$pc" && test -n "$config"
+test -f "$(dirname "$config")/custodyConfigVersion.cmake"
+case "$config" in */cmake/custody/custodyConfig.cmake) ;; *) echo "unexpected config path $config"; exit 1 ;; esac
+echo "installed into $prefix: $pc, $config"
 
 # Build from copies, so nothing is written into the source tree.
 cp -r "$src/examples/consumer-meson" "$work/consumer-meson"
-PKG_CONFIG_PATH="$prefix/lib/pkgconfig" "$meson" setup "$work/consumer-meson/build" "$work/consumer-meson" \
+PKG_CONFIG_PATH="$(dirname "$pc")" "$meson" setup "$work/consumer-meson/build" "$work/consumer-meson" \
   >"$work/cm.log" 2>&1 || { cat "$work/cm.log"; exit 1; }
 "$meson" compile -C "$work/consumer-meson/build" >>"$work/cm.log" 2>&1 || { cat "$work/cm.log"; exit 1; }
 "$work/consumer-meson/build/consumer"
@@ -41,7 +44,14 @@ if [ -n "$cmake" ]; then
   if "$cmake" -S "$work/too-new" -B "$work/too-new/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null 2>&1; then
     echo "find_package(custody 9.0) should have failed"; exit 1
   fi
-  echo "cmake consumer: ok"
+  # The CMake package is relocatable: a moved tree (as with DESTDIR packaging) still works.
+  mv "$prefix" "$work/moved"
+  rm -rf "$work/consumer-cmake/build"
+  "$cmake" -S "$work/consumer-cmake" -B "$work/consumer-cmake/build" -DCMAKE_PREFIX_PATH="$work/moved" \
+    >"$work/cc2.log" 2>&1 || { cat "$work/cc2.log"; exit 1; }
+  grep -q "$work/moved/include" "$work/consumer-cmake/build/CMakeFiles/consumer.dir/flags.make" ||
+    { echo "the moved tree's include directory is not used"; exit 1; }
+  echo "cmake consumer: ok (also from a moved tree)"
 else
   echo "cmake not found: CMake consumer not built"
 fi
