@@ -3,7 +3,9 @@
 // without one).
 #include <custody/interop/cccl.hpp>
 #include <custody/platform/cuda.hpp>
+#include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
+#include <custody/resource/virtual_device_memory.hpp>
 
 #include "cuda_test_resources.hpp"
 
@@ -32,6 +34,11 @@ static_assert(mr::async_resource_with<cccl_resource<test_managed_memory>, mr::de
 static_assert(mr::resource_with<cccl_resource<custody::resource::host_memory>, mr::host_accessible>);
 static_assert(!mr::async_resource<cccl_resource<custody::resource::host_memory>>);
 static_assert(!mr::resource_with<cccl_resource<custody::resource::host_memory>, mr::device_accessible>);
+// Every host-platform resource: a virtual device's memory keeps its device_accessible property, and
+// an adaptor (fault injection) forwards its upstream's.
+static_assert(mr::resource_with<cccl_resource<custody::resource::virtual_device_memory>, mr::device_accessible>);
+static_assert(mr::resource_with<cccl_resource<custody::resource::fault_injecting<custody::resource::host_memory>>,
+                                mr::host_accessible>);
 
 /// Code written against CCCL only: knows nothing of custody.
 void* cccl_allocate(mr::async_resource_ref<mr::device_accessible> ref, std::size_t bytes, ::cuda::stream_ref s) {

@@ -1,0 +1,97 @@
+// Interop overheads, peers side by side in one run:
+//   pmr_churn/<resource>     a std::pmr::memory_resource serving batches of mixed-size blocks
+//   pluggable/<path>         PyTorch's entry point (pluggable_allocator) against the resource
+//                            called directly, on one host virtual device
+#include <custody/interop/pmr.hpp>
+#include <custody/interop/torch_allocator.hpp>
+#include <custody/platform/host.hpp>
+#include <custody/resource/host_memory.hpp>
+#include <custody/resource/virtual_device_memory.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <memory_resource>
+#include <random>
+
+namespace {
+
+constexpr std::size_t batch = 64;
+
+/// Sizes from 16 B to 64 KiB, log-uniform, seeded: the same sequence for every peer.
+std::array<std::size_t, batch> sizes() {
+    std::mt19937 rng(42);
+    std::uniform_int_distribution<int> shift(4, 16);
+    std::array<std::size_t, batch> s{};
+    for (auto& v : s) v = (std::size_t{1} << shift(rng)) + static_cast<std::size_t>(rng() % 16);
+    return s;
+}
+
+void churn(benchmark::State& state, std::pmr::memory_resource& r) {
+    const auto sz = sizes();
+    std::array<void*, batch> blocks{};
+    for (auto _ : state) {
+        for (std::size_t i = 0; i < batch; ++i) blocks[i] = r.allocate(sz[i], 16);
+        benchmark::DoNotOptimize(blocks.data());
+        for (std::size_t i = 0; i < batch; ++i) r.deallocate(blocks[i], sz[i], 16);
+    }
+    state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
+}
+
+void pmr_churn_new_delete(benchmark::State& state) { churn(state, *std::pmr::new_delete_resource()); }
+
+void pmr_churn_custody_host_memory(benchmark::State& state) {
+    custody::resource::host_memory memory;
+    custody::interop::pmr_adaptor adaptor(memory);
+    churn(state, adaptor);
+}
+
+void pmr_churn_unsynchronized_pool(benchmark::State& state) {
+    std::pmr::unsynchronized_pool_resource pool;
+    churn(state, pool);
+}
+
+void pmr_churn_synchronized_pool(benchmark::State& state) {
+    std::pmr::synchronized_pool_resource pool;
+    churn(state, pool);
+}
+
+using device_resource = custody::resource::virtual_device_memory;
+
+void pluggable_direct(benchmark::State& state) {
+    device_resource memory(0, std::size_t{1} << 30);
+    const auto sz = sizes();
+    std::array<void*, batch> blocks{};
+    for (auto _ : state) {
+        for (std::size_t i = 0; i < batch; ++i) blocks[i] = memory.allocate({}, sz[i], 256);
+        benchmark::DoNotOptimize(blocks.data());
+        for (std::size_t i = 0; i < batch; ++i) memory.deallocate({}, blocks[i], sz[i], 256);
+    }
+    state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
+}
+
+void pluggable_entry_point(benchmark::State& state) {
+    custody::interop::pluggable_allocator<device_resource> alloc(
+        1, [](int device) { return std::make_unique<device_resource>(device, std::size_t{1} << 30); });
+    const auto sz = sizes();
+    std::array<void*, batch> blocks{};
+    for (auto _ : state) {
+        for (std::size_t i = 0; i < batch; ++i) blocks[i] = alloc.alloc(static_cast<std::ptrdiff_t>(sz[i]), 0, {});
+        benchmark::DoNotOptimize(blocks.data());
+        for (std::size_t i = 0; i < batch; ++i) alloc.free(blocks[i], static_cast<std::ptrdiff_t>(sz[i]), 0, {});
+    }
+    state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
+}
+
+} // namespace
+
+BENCHMARK(pmr_churn_new_delete)->Name("pmr_churn/new_delete_resource");
+BENCHMARK(pmr_churn_custody_host_memory)->Name("pmr_churn/pmr_adaptor<host_memory>");
+BENCHMARK(pmr_churn_unsynchronized_pool)->Name("pmr_churn/unsynchronized_pool_resource");
+BENCHMARK(pmr_churn_synchronized_pool)->Name("pmr_churn/synchronized_pool_resource");
+BENCHMARK(pluggable_direct)->Name("pluggable/virtual_device_memory_direct");
+BENCHMARK(pluggable_entry_point)->Name("pluggable/pluggable_allocator<virtual_device_memory>");
+
+BENCHMARK_MAIN();
