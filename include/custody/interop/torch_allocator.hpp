@@ -9,7 +9,9 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/report.hpp>
 #include <custody/core/statistics.hpp>
+#include <custody/platform/platform.hpp>
 
 #include <atomic>
 #include <cstddef>
@@ -30,6 +32,9 @@ namespace custody::interop {
 /// (or a zero count) plus a message kept per thread (last_error()), since nothing may throw across
 /// a C boundary.
 ///
+/// Device binding: each call runs with its `device` current on the calling thread (a device guard),
+/// so that a default stream, which belongs to the current device, names that device's default
+/// stream; the caller's device is restored.
 /// Stream semantics: alloc(size, device, stream) is `Resource::allocate(stream, size, 256)`; free
 /// gives the block back on the stream it is told (PyTorch passes the stream the block was
 /// allocated on; blocks used on other streams must be recorded by the framework, as with any
@@ -45,6 +50,7 @@ class pluggable_allocator {
 public:
     using resource_type = Resource;
     using stream_type = typename Resource::stream_type;
+    using platform_type = typename stream_type::platform_type;
     using factory_type = std::function<std::unique_ptr<Resource>(int device)>;
 
     /// The alignment of every block: what cudaMalloc guarantees, and what PyTorch assumes.
@@ -69,7 +75,9 @@ public:
     [[nodiscard]] void* alloc(std::ptrdiff_t size, int device, stream_type stream) noexcept {
         return guarded<void*>(nullptr, [&]() -> void* {
             if (size < 0) throw std::invalid_argument("custody: negative allocation size " + std::to_string(size));
-            return resource(device).allocate(stream, static_cast<std::size_t>(size), alignment);
+            Resource& r = resource(device);
+            basic_device_guard<platform_type> guard(device);
+            return r.allocate(stream, static_cast<std::size_t>(size), alignment);
         });
     }
 
@@ -82,7 +90,14 @@ public:
                            ", size " + std::to_string(size) + ")");
             return;
         }
-        r->deallocate(stream, ptr, static_cast<std::size_t>(size), alignment);
+        try {
+            basic_device_guard<platform_type> guard(device);
+            r->deallocate(stream, ptr, static_cast<std::size_t>(size), alignment);
+        } catch (const std::exception& e) {
+            // The device could not be made current (a broken driver, or the process is exiting):
+            // the block cannot be given back safely, and is left to the process's end.
+            report_failure(e.what());
+        }
     }
 
     /// The statistics of `device`'s resource (all zeros before its first allocation).

@@ -1,0 +1,92 @@
+// interop/torch_allocator.hpp: the state behind the pluggable-allocator entry points, tested as a
+// class (the dlopen test drives the built library).
+#include <custody/interop/torch_allocator.hpp>
+#include <custody/platform/host.hpp>
+#include <custody/resource/fault_injecting.hpp>
+#include <custody/resource/virtual_device_memory.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+using custody::interop::pluggable_allocator;
+using custody::resource::virtual_device_memory;
+using host_platform = custody::host::platform;
+
+TEST_CASE("each call runs on its device and restores the caller's", "[interop][torch]") {
+    pluggable_allocator<virtual_device_memory> alloc(
+        4, [](int device) { return std::make_unique<virtual_device_memory>(device, 1 << 20); });
+    custody::host::device_guard caller(1);
+    void* p = alloc.alloc(512, 3, {});
+    REQUIRE(p != nullptr);
+    CHECK(alloc.resource(3).device_seen_by_last_allocation() == 3);
+    CHECK(host_platform::current_device() == 1);
+    alloc.free(p, 512, 3, {});
+    CHECK(host_platform::current_device() == 1);
+    CHECK(alloc.statistics(3).live_bytes == 0);
+}
+
+TEST_CASE("a device's resource is made once, even when threads race for it", "[interop][torch]") {
+    std::atomic<int> made{0};
+    pluggable_allocator<virtual_device_memory> alloc(2, [&](int device) {
+        made.fetch_add(1);
+        return std::make_unique<virtual_device_memory>(device, 1 << 20);
+    });
+    {
+        std::vector<std::jthread> threads;
+        for (int t = 0; t < 4; ++t) {
+            threads.emplace_back([&] {
+                void* p = alloc.alloc(256, 1, {});
+                if (p != nullptr) alloc.free(p, 256, 1, {});
+            });
+        }
+    }
+    CHECK(made.load() == 1);
+    CHECK(alloc.statistics(1).allocations == 4);
+    CHECK(alloc.statistics(0).allocations == 0); // never made
+}
+
+TEST_CASE("a factory that fails leaves the device unmade, to be tried again", "[interop][torch]") {
+    int calls = 0;
+    pluggable_allocator<virtual_device_memory> alloc(1, [&](int device) -> std::unique_ptr<virtual_device_memory> {
+        if (++calls == 1) throw std::runtime_error("device busy");
+        return std::make_unique<virtual_device_memory>(device, 1 << 20);
+    });
+    CHECK(alloc.alloc(64, 0, {}) == nullptr);
+    CHECK(std::string(alloc.last_error()) == "device busy");
+    void* p = alloc.alloc(64, 0, {});
+    CHECK(p != nullptr);
+    CHECK(std::string(alloc.last_error()).empty());
+    alloc.free(p, 64, 0, {});
+    CHECK(calls == 2);
+}
+
+TEST_CASE("the last error is kept per thread", "[interop][torch]") {
+    pluggable_allocator<virtual_device_memory> alloc(
+        1, [](int device) { return std::make_unique<virtual_device_memory>(device, 1 << 20); });
+    CHECK(alloc.alloc(64, 5, {}) == nullptr);
+    std::string other;
+    std::thread([&] { other = alloc.last_error(); }).join();
+    CHECK(other.empty());
+    CHECK_THAT(alloc.last_error(), Catch::Contains("device 5 out of range (1 devices)"));
+}
+
+TEST_CASE("injected exhaustion reaches the caller as null and changes nothing", "[interop][torch]") {
+    using faulty = custody::resource::fault_injecting<virtual_device_memory>;
+    pluggable_allocator<faulty> alloc(1, [](int device) { return std::make_unique<faulty>(device, 1 << 20); });
+    void* a = alloc.alloc(1024, 0, {});
+    REQUIRE(a != nullptr);
+    const auto before = alloc.statistics(0);
+    alloc.resource(0).fail_at(1);
+    CHECK(alloc.alloc(1024, 0, {}) == nullptr);
+    CHECK_THAT(alloc.last_error(), Catch::Contains("out of memory"));
+    CHECK(alloc.statistics(0) == before);
+    CHECK(alloc.trim(-1) == 0); // nothing to trim: the resource keeps no cache
+    alloc.free(a, 1024, 0, {});
+    CHECK(alloc.statistics(0).live_bytes == 0);
+}
