@@ -9,6 +9,7 @@
 #include <thrust/execution_policy.h>
 #include <thrust/reduce.h>
 #include <thrust/sequence.h>
+#include <thrust/sort.h>
 
 #include <cstdio>
 
@@ -41,6 +42,10 @@ int main() {
         v.resize(1 << 21);
         thrust::sequence(thrust::cuda::par.on(stream.view().get()), v.begin(), v.end());
         EXPECT(memory.statistics().allocations == 2);
+        // Temporary storage of an algorithm, from the same resource, through the policy.
+        thrust_allocator<char, test_device_memory> scratch(memory, stream.view());
+        thrust::sort(thrust::cuda::par(scratch).on(stream.view().get()), v.begin(), v.end());
+        EXPECT(memory.statistics().allocations >= 3);
     }
     custody::cuda::platform::synchronize(stream.view());
     EXPECT(memory.statistics().live_bytes == 0);

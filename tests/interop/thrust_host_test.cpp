@@ -7,7 +7,9 @@
 
 #include <thrust/device_vector.h>
 #include <thrust/reduce.h>
+#include <thrust/execution_policy.h>
 #include <thrust/sequence.h>
+#include <thrust/sort.h>
 
 #include <catch2/catch.hpp>
 
@@ -76,4 +78,16 @@ TEST_CASE("thrust_allocator rebinds and compares by resource and stream", "[inte
     CHECK(&rebound.resource() == &a);
     CHECK(rebound == fb); // host_memory is interchangeable
     CHECK_FALSE(thrust_allocator<int, host_memory>(a, s.view()) == ia);
+}
+
+TEST_CASE("Thrust's temporary storage comes from a custody resource through the policy", "[interop][thrust]") {
+    host_memory memory;
+    thrust::device_vector<int> v(1000);
+    thrust::sequence(v.rbegin(), v.rend());
+    thrust_allocator<char, host_memory> scratch(memory);
+    thrust::sort(thrust::cpp::par(scratch), v.begin(), v.end());
+    CHECK(v[0] == 0);
+    CHECK(v[999] == 999);
+    CHECK(memory.statistics().allocations >= 1); // the sort's scratch buffer
+    CHECK(memory.statistics().live_bytes == 0);
 }
