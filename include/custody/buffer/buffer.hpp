@@ -55,8 +55,12 @@ public:
     buffer(std::size_t count, stream_view stream, R& resource)
         : buffer(count, stream, resource_type(resource)) {}
 
-    /// As above, through a type-erased reference (the caller vouches for the access property).
-    buffer(std::size_t count, stream_view stream, resource_type resource)
+    /// As above, through a type-erased reference, which must be passed as one (no resource
+    /// converts to it here, so the access check above cannot be bypassed by accident); the caller
+    /// vouches for the access property.
+    template <class Ref>
+        requires std::same_as<Ref, resource_type>
+    buffer(std::size_t count, stream_view stream, Ref resource)
         : resource_(resource), stream_(stream), device_(device_of(resource)) {
         data_ = allocate(count);
         size_ = count;
