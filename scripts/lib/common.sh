@@ -23,7 +23,8 @@ custody_install_missing() {
 custody_setup() {
   local dir=$1; shift
   if [ -f "$dir/build.ninja" ]; then
-    meson setup --reconfigure "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
+    # `meson configure` applies changed options (setup --reconfigure ignores some, like cpp_args).
+    meson configure "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
   else
     meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
   fi
