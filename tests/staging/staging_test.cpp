@@ -32,7 +32,7 @@ using gate = custody::test::stream_gate<platform>;
 /// calls `on_free` before giving the ring's region back.
 struct borrowed_host {
     using stream_type = custody::host::stream_view;
-    custody::resource::host_memory* target = nullptr;
+    custody::resource::fault_injecting<custody::resource::host_memory>* target = nullptr;
     std::function<void()> on_free;
 
     void* allocate(stream_type s, std::size_t b, std::size_t a) { return target->allocate(s, b, a); }
@@ -391,7 +391,7 @@ TEST_CASE("a released ticket whose copy has not run keeps its region until the c
 }
 
 TEST_CASE("destruction waits for copies in flight and gives the region back", "[staging]") {
-    custody::resource::host_memory memory;
+    custody::resource::fault_injecting<custody::resource::host_memory> memory;
     custody::host::stream s;
     std::vector<std::byte> dst(4096);
     std::vector<std::byte> src(4096, std::byte{0x5A});
@@ -461,10 +461,12 @@ TEST_CASE("a ring that cannot be built throws and leaks nothing", "[staging]") {
     ring_options bad_device = opts(1024);
     bad_device.devices = {platform::device_count()};
     CHECK_THROWS_AS(ring(bad_device), std::invalid_argument);
-    custody::resource::host_memory probe;
-    CHECK_THROWS_AS(custody::staging::staging_ring<borrowed_host>(opts(SIZE_MAX / 2), borrowed_host{&probe, {}}),
-                    std::bad_alloc);
+    faulty probe;
+    probe.fail_at(1);
+    CHECK_THROWS_AS(custody::staging::staging_ring<borrowed_host>(opts(4096), borrowed_host{&probe, {}}),
+                    custody::out_of_memory);
     CHECK(probe.statistics().live_bytes == 0);
+    CHECK(probe.injected_failures() == 1);
     custody::staging::staging_ring<faulty> ok(opts(1024));
     ok.upstream().fail_at(1);
     CHECK(ok.reserve<std::byte>(1024).size() == 1024); // the region was taken once, at construction
