@@ -284,8 +284,11 @@ public:
             if (r.state == detail::region_state::in_flight) {
                 try {
                     event(r.device, index_.oldest_slot()).synchronize();
+                } catch (const cuda_error& e) {
+                    // At process exit the driver reclaims everything; there is nothing to report.
+                    if (e.error_name() != "cudaErrorCudartUnloading") report_destruction_failure(e);
                 } catch (const std::exception& e) {
-                    report_failure(std::string("staging ring: waiting for a copy at destruction failed: ") + e.what());
+                    report_destruction_failure(e);
                 }
             }
             index_.reclaim_oldest();
@@ -314,8 +317,9 @@ public:
     template <class T, class Rep, class Period>
     [[nodiscard]] reservation_type<T> reserve(std::size_t count, std::chrono::duration<Rep, Period> timeout) {
         const std::size_t bytes = request_bytes<T>(count);
-        const auto limit = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
-        const auto p = acquire(bytes, alignof(T), wait_mode::until, std::chrono::steady_clock::now() + limit, limit);
+        const auto limit = clamp_timeout(timeout);
+        const auto [mode, deadline] = deadline_after(limit);
+        const auto p = acquire(bytes, alignof(T), mode, deadline, limit);
         return reservation_type<T>(this, p->slot, p->offset, std::span<T>(pointer<T>(p->offset), count));
     }
 
@@ -406,8 +410,9 @@ public:
     template <class T, class Rep, class Period>
     [[nodiscard]] ticket_type<T> stage(const T* source, std::size_t count, stream_type stream,
                                        std::chrono::duration<Rep, Period> timeout) {
-        const auto limit = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
-        return stage_impl(source, count, stream, wait_mode::until, std::chrono::steady_clock::now() + limit, limit);
+        const auto limit = clamp_timeout(timeout);
+        const auto [mode, deadline] = deadline_after(limit);
+        return stage_impl(source, count, stream, mode, deadline, limit);
     }
 
     /// As stage, but returns an empty ticket instead of waiting when there is no room now.
@@ -507,6 +512,31 @@ private:
         std::atomic<bool> built{false};
         std::vector<event_type> events;
     };
+
+    static void report_destruction_failure(const std::exception& e) noexcept {
+        try {
+            report_failure(std::string("staging ring: waiting for a copy at destruction failed: ") + e.what());
+        } catch (...) {
+            report_failure("staging ring: waiting for a copy at destruction failed");
+        }
+    }
+
+    /// `timeout` in nanoseconds, saturating (std::chrono::duration::max() and the like wait forever).
+    template <class Rep, class Period>
+    static std::chrono::nanoseconds clamp_timeout(std::chrono::duration<Rep, Period> timeout) {
+        using limit_type = std::chrono::duration<long double, std::nano>;
+        const limit_type wanted = timeout;
+        if (wanted >= limit_type(std::chrono::nanoseconds::max())) return std::chrono::nanoseconds::max();
+        if (wanted <= limit_type(0)) return std::chrono::nanoseconds(0);
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
+    }
+
+    /// A deadline `limit` from now; timeouts too long to represent wait without one.
+    static std::pair<wait_mode, time_point> deadline_after(std::chrono::nanoseconds limit) {
+        const auto now = std::chrono::steady_clock::now();
+        if (limit > time_point::max() - now) return {wait_mode::block, time_point{}};
+        return {wait_mode::until, now + limit};
+    }
 
     static std::size_t checked_capacity(const ring_options& o) {
         if (o.capacity == 0) throw std::invalid_argument("custody: staging ring: zero capacity");
@@ -661,7 +691,9 @@ private:
                     lock.lock();
                     --index_.at(slot).pins;
                     static_cast<void>(completed);
-                    if (reclaim_completed() != 0 && waiting_ > 1) cv_.notify_all();
+                    reclaim_completed();
+                    // Others may wait for this slot to be unpinned, or for the room just reclaimed.
+                    if (waiting_ > 1) cv_.notify_all();
                 } else if (mode == wait_mode::until) {
                     cv_.wait_until(lock, deadline);
                     reclaim_completed();
