@@ -42,6 +42,7 @@ public:
             }
             results_[{scenario, size}][peer] = value;
             ns_[{scenario, size}][peer] = run.GetAdjustedRealTime() * unit_ns(run.time_unit);
+            cpu_ns_[{scenario, size}][peer] = run.GetAdjustedCPUTime() * unit_ns(run.time_unit);
         }
     }
 
@@ -58,8 +59,8 @@ public:
                     std::printf("  %-28s %12llu B  %-16s / %-22s = %6.3f\n", scenario.c_str(), size, peer.c_str(),
                                 base.c_str(), value / b->second);
                 }
-                std::printf("  %-28s %12llu B  %-16s %.1f ns per iteration\n", scenario.c_str(), size, peer.c_str(),
-                            ns_[key][peer]);
+                std::printf("  %-28s %12llu B  %-16s %.1f ns per iteration (%.1f ns of CPU in this thread)\n",
+                            scenario.c_str(), size, peer.c_str(), ns_[key][peer], cpu_ns_[key][peer]);
             }
         }
     }
@@ -78,6 +79,7 @@ private:
     std::vector<std::string> baselines_;
     std::map<std::tuple<std::string, unsigned long long>, std::map<std::string, double>> results_;
     std::map<std::tuple<std::string, unsigned long long>, std::map<std::string, double>> ns_;
+    std::map<std::tuple<std::string, unsigned long long>, std::map<std::string, double>> cpu_ns_;
 };
 
 } // namespace custody::bench

@@ -526,3 +526,73 @@ TEST_CASE("synchronize waits for every copy enqueued so far", "[staging]") {
     CHECK(std::equal(d2.begin(), d2.end(), src.begin()));
     CHECK(std::equal(d1.begin(), d1.begin() + 2048, src.begin()));
 }
+
+TEST_CASE("stress: producers mix uploads, downloads, try_reserve and timeouts on one small ring", "[staging]") {
+    constexpr int threads = 4;
+    constexpr int steps = 400;
+    ring r(opts(8192, 16));
+    std::vector<std::vector<std::uint64_t>> device(threads, std::vector<std::uint64_t>(256));
+    std::atomic<int> corrupt{0};
+    std::atomic<int> timeouts{0};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+            custody::host::stream s(t % 2);
+            std::mt19937_64 rng(static_cast<std::uint64_t>(1000 + t));
+            auto& mine = device[static_cast<std::size_t>(t)];
+            for (int step = 0; step < steps; ++step) {
+                const std::size_t n = 1 + rng() % mine.size();
+                const std::uint64_t cookie = (static_cast<std::uint64_t>(t) << 32) | static_cast<std::uint64_t>(step);
+                switch (rng() % 4) {
+                case 0: { // upload, then read it back through a ticket
+                    auto res = r.reserve<std::uint64_t>(n);
+                    for (std::size_t i = 0; i < n; ++i) res[i] = cookie + i;
+                    r.commit(std::move(res), mine.data(), s);
+                    auto tk = r.stage(mine.data(), n, s);
+                    const auto back = tk.wait();
+                    for (std::size_t i = 0; i < n; ++i) {
+                        if (back[i] != cookie + i) corrupt.fetch_add(1);
+                    }
+                    break;
+                }
+                case 1: { // try, and give it back unused
+                    auto res = r.try_reserve<std::uint64_t>(n);
+                    if (res) res[0] = cookie;
+                    break;
+                }
+                case 2: { // a short timeout may or may not expire; either way the ring stays sound
+                    try {
+                        auto res = r.reserve<std::uint64_t>(n, std::chrono::microseconds(50));
+                        for (std::size_t i = 0; i < n; ++i) res[i] = cookie ^ i;
+                        r.commit(std::move(res), mine.data(), s);
+                        platform::synchronize(s);
+                        for (std::size_t i = 0; i < n; ++i) {
+                            if (mine[i] != (cookie ^ i)) corrupt.fetch_add(1);
+                        }
+                    } catch (const custody::staging::timeout_error&) {
+                        timeouts.fetch_add(1);
+                    }
+                    break;
+                }
+                default: { // a chunked round trip
+                    std::vector<std::uint64_t> src(n, cookie);
+                    std::vector<std::uint64_t> back(n);
+                    r.copy_to_device(std::span<const std::uint64_t>(src), mine.data(), s);
+                    r.copy_from_device(static_cast<const std::uint64_t*>(mine.data()), std::span<std::uint64_t>(back), s);
+                    if (back != src) corrupt.fetch_add(1);
+                    break;
+                }
+                }
+            }
+            platform::synchronize(s);
+        });
+    }
+    for (auto& th : pool) th.join();
+    r.synchronize();
+    CHECK(corrupt.load() == 0);
+    const auto st = r.statistics();
+    CHECK(st.timeouts == static_cast<std::uint64_t>(timeouts.load()));
+    CHECK(st.bytes_in_use == 0);
+    CHECK(st.bytes_in_flight == 0);
+    CHECK(st.peak_bytes_in_use <= r.capacity());
+}
