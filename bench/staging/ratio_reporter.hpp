@@ -23,8 +23,11 @@ public:
     void ReportRuns(const std::vector<Run>& runs) override {
         ConsoleReporter::ReportRuns(runs);
         for (const Run& run : runs) {
-            if (run.run_type != Run::RT_Iteration || run.error_occurred) continue;
-            std::string name = run.benchmark_name();
+            if (run.error_occurred) continue;
+            // With --benchmark_repetitions, the median stands for the size; else each run does.
+            if (run.run_type == Run::RT_Aggregate && run.aggregate_name != "median") continue;
+            if (run.run_type == Run::RT_Iteration && run.repetitions > 1) continue;
+            std::string name = run.run_name.str();
             if (const auto rt = name.rfind("/real_time"); rt != std::string::npos) name.erase(rt);
             const auto last = name.rfind('/');
             const auto mid = last == std::string::npos ? std::string::npos : name.rfind('/', last - 1);

@@ -57,7 +57,7 @@ struct ring_options {
     std::size_t chunk_bytes = 0;
     /// Devices whose events are created when the ring is; empty: the calling thread's current
     /// device. A copy on a stream of another device creates that device's events on first use.
-    std::vector<int> devices;
+    std::vector<int> devices{};
 };
 
 /// A snapshot of a ring's counters; a plain value.
