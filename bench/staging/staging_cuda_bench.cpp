@@ -38,7 +38,7 @@ using custody::cuda::platform;
 using ring_t = custody::staging::staging_ring<custody::test::cuda_pinned_host>;
 
 constexpr std::size_t ring_capacity = std::size_t{64} << 20;
-constexpr std::size_t ring_chunk = std::size_t{4} << 20;
+constexpr std::size_t ring_chunk = std::size_t{2} << 20;
 
 ring_t& shared_ring() {
     static ring_t ring([] {

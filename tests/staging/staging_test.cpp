@@ -255,6 +255,13 @@ TEST_CASE("a request larger than the ring is a length_error and changes nothing"
     CHECK(r.reserve<std::byte>(1024).size() == 1024); // the whole ring is fine
 }
 
+TEST_CASE("the default chunk is a quarter of the ring, at most 2 MiB", "[staging]") {
+    CHECK(ring(opts(4096)).chunk_bytes() == 1024);
+    CHECK(ring(opts(std::size_t{32} << 20)).chunk_bytes() == (std::size_t{2} << 20));
+    CHECK(ring(opts(4096, 8, 100)).chunk_bytes() == 100);
+    CHECK(ring(opts(4096, 8, 1 << 20)).chunk_bytes() == 4096);
+}
+
 TEST_CASE("copy_to_device streams transfers of any size through the ring, intact", "[staging]") {
     std::mt19937_64 rng(7);
     ring r(opts(8192, 16, 2048));

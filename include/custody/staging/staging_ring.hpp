@@ -52,9 +52,12 @@ struct ring_options {
     /// device is created up front; a producer past this count waits as for bytes.
     std::size_t max_regions = 64;
     /// Chunk that copy_to_device and copy_from_device stream through the ring; 0: a quarter of
-    /// the capacity (so that up to four chunks are in flight: the host fills one while the
-    /// previous ones are copied).
+    /// the capacity, at most default_chunk_limit (so that at least four chunks are in flight: the
+    /// host fills one while the previous ones are copied, and the first transfer starts early).
     std::size_t chunk_bytes = 0;
+    /// The largest default chunk: large enough that a copy's fixed cost is amortized, small
+    /// enough that the pipeline fills quickly.
+    static constexpr std::size_t default_chunk_limit = std::size_t{2} << 20;
     /// Devices whose events are created when the ring is; empty: the calling thread's current
     /// device. A copy on a stream of another device creates that device's events on first use.
     std::vector<int> devices{};
@@ -256,8 +259,9 @@ public:
     template <class... Args>
     explicit staging_ring(ring_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), index_(checked_capacity(options), checked_regions(options)),
-          chunk_bytes_(options.chunk_bytes != 0 ? std::min(options.chunk_bytes, index_.capacity())
-                                                : std::max<std::size_t>(index_.capacity() / 4, 1)),
+          chunk_bytes_(options.chunk_bytes != 0
+                           ? std::min(options.chunk_bytes, index_.capacity())
+                           : std::clamp<std::size_t>(index_.capacity() / 4, 1, ring_options::default_chunk_limit)),
           device_count_(platform_type::device_count()),
           rows_(std::make_unique<event_row[]>(static_cast<std::size_t>(std::max(device_count_, 1)))) {
         if (options.devices.empty()) options.devices.push_back(platform_type::current_device());
