@@ -603,3 +603,50 @@ TEST_CASE("stress: producers mix uploads, downloads, try_reserve and timeouts on
     CHECK(st.bytes_in_flight == 0);
     CHECK(st.peak_bytes_in_use <= r.capacity());
 }
+
+TEST_CASE("ring_index: placement, the wrap, in-order reclamation, slots and pins", "[staging][detail]") {
+    using custody::staging::detail::region_state;
+    custody::staging::detail::ring_index idx(1024, 3);
+    auto a = idx.place(600, 8);
+    REQUIRE(a);
+    CHECK(a->offset == 0);
+    auto b = idx.place(300, 256); // aligned up from 600 to 768: would cross the wrap, so no room yet
+    CHECK_FALSE(b);
+    b = idx.place(300, 8);
+    REQUIRE(b);
+    CHECK(b->offset == 600);
+    CHECK(idx.bytes_in_use() == 900);
+    CHECK_FALSE(idx.place(200, 1)); // 124 bytes left before the wrap, and a's bytes after it
+    idx.reclaim_oldest();            // a
+    auto c = idx.place(200, 1);      // skips the 124-byte tail: starts the next lap at 0
+    REQUIRE(c);
+    CHECK(c->offset == 0);
+    CHECK(idx.bytes_in_use() == 300 + 124 + 200);
+    auto d = idx.place(1, 1);
+    REQUIRE(d);
+    CHECK_FALSE(idx.place(1, 1)); // three slots live
+    idx.reclaim_oldest();         // b
+    idx.reclaim_oldest();         // c
+    idx.reclaim_oldest();         // d
+    CHECK(idx.empty());
+    CHECK(idx.bytes_in_use() == 0);
+    // Empty, head mid-lap: a full-ring request restarts at the next lap.
+    auto e = idx.place(1024, 1);
+    REQUIRE(e);
+    CHECK(e->offset == 0);
+    idx.reclaim_oldest();
+    // A pinned slot is not reused until unpinned, even with bytes to spare.
+    idx.at(idx.oldest_slot()).pins = 0;
+    auto f = idx.place(8, 1);
+    REQUIRE(f);
+    idx.at(f->slot).pins = 1;
+    idx.reclaim_oldest();
+    CHECK(idx.empty());
+    CHECK(idx.place(8, 1)); // next slot: free
+    CHECK(idx.place(8, 1));
+    CHECK(idx.live_regions() == 2);
+    CHECK_FALSE(idx.place(8, 1)); // the next slot is f's, still pinned
+    CHECK(idx.at(f->slot).state == region_state::cancelled);
+    idx.at(f->slot).pins = 0;
+    CHECK(idx.place(8, 1));
+}
