@@ -2,7 +2,8 @@
 //
 //   staging/reserve_commit/<peer>/64     the ring's own cost per reserve + commit of 64 bytes on the
 //                                        default stream (the copy runs inline: 64 bytes, a few ns),
-//                                        next to the bare 64-byte memcpy it wraps
+//                                        next to the bare 64-byte memcpy it wraps; ring_shared:
+//                                        two producer threads on one ring
 //   staging/upload/<peer>/<bytes>        4 KiB .. 256 MiB to a destination through a host stream:
 //     ceiling       memcpy_async from a pinned-equivalent buffer (one copy on the stream)
 //     ring_pageable copy_to_device from a pageable buffer (host copy into the ring overlapping
@@ -74,6 +75,24 @@ void reserve_commit_ring(benchmark::State& state) {
     state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
 }
 
+/// Two producers on one ring: the cost of sharing its lock.
+void reserve_commit_ring_shared(benchmark::State& state) {
+    static ring_t ring([] {
+        custody::staging::ring_options o;
+        o.capacity = std::size_t{1} << 20;
+        o.max_regions = 64;
+        return o;
+    }());
+    std::vector<std::byte> dst(64);
+    const custody::host::stream_view inline_stream{};
+    for (auto _ : state) {
+        auto r = ring.reserve<std::byte>(64);
+        ring.commit(std::move(r), dst.data(), inline_stream);
+    }
+    benchmark::DoNotOptimize(dst.data());
+    state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+}
+
 void reserve_commit_memcpy(benchmark::State& state) {
     std::vector<std::byte> src(64, std::byte{1});
     std::vector<std::byte> dst(64);
@@ -133,6 +152,9 @@ int main(int argc, char** argv) {
 
     benchmark::RegisterBenchmark("staging/reserve_commit/ring/64", reserve_commit_ring)->UseRealTime();
     benchmark::RegisterBenchmark("staging/reserve_commit/memcpy/64", reserve_commit_memcpy)->UseRealTime();
+    benchmark::RegisterBenchmark("staging/reserve_commit/ring_shared/64", reserve_commit_ring_shared)
+        ->Threads(2)
+        ->UseRealTime();
     for (std::int64_t n = 4096; n <= max_size; n *= 16) {
         for (auto [name, fn] : {std::pair{"ceiling", &upload_ceiling}, std::pair{"ring_pageable", &upload_ring_pageable},
                                 std::pair{"ring_in_place", &upload_ring_in_place}}) {
