@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <ctime>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -89,6 +90,7 @@ struct tracking_options {
     std::size_t kept_violations = 256;   ///< the most recent violations kept for reports
     std::size_t kept_samples = 4096;     ///< the most recent timeline samples kept for reports
     bool release_leaks = true; ///< at destruction, give leaked blocks back to the upstream
+    bool precise_time = false; ///< steady_clock per allocation instead of a coarse (ms) clock
 };
 
 /// Tracks every allocation made through it, over any stream-ordered `Upstream`.
@@ -143,7 +145,7 @@ public:
             throw std::invalid_argument("custody: guard_bytes must be within 1..256");
         }
         ledger_.reserve(1024);
-        graveyard_.reserve(std::min<std::size_t>(options_.remembered_frees, 4096) + 1);
+        freed_ring_.resize(options_.remembered_frees);
         detail::tracker_registry::instance().add(detail::tracker_entry{this, &registry_lookup});
     }
 
@@ -164,7 +166,8 @@ public:
         {
             std::lock_guard lock(mutex_);
             records.reserve(ledger_.size());
-            for (auto& [p, r] : ledger_) records.push_back(r);
+            for (auto& [p, r] : ledger_)
+                if (r.live) records.push_back(r);
         }
         if (!records.empty()) {
             try {
@@ -242,7 +245,10 @@ public:
 
     /// Statistics of what this tracker handed out: live_bytes counts user bytes, reserved_bytes
     /// what it holds from the upstream (guards included).
-    [[nodiscard]] resource_statistics statistics() const noexcept { return stats_.snapshot(); }
+    [[nodiscard]] resource_statistics statistics() const noexcept {
+        std::lock_guard lock(mutex_);
+        return stats_;
+    }
 
     /// The upstream's device (-1 when it has none).
     [[nodiscard]] int device() const noexcept {
@@ -335,7 +341,7 @@ public:
     [[nodiscard]] std::optional<allocation_site> find(const void* ptr) const {
         std::lock_guard lock(mutex_);
         const auto it = ledger_.find(ptr);
-        if (it == ledger_.end()) return std::nullopt;
+        if (it == ledger_.end() || !it->second.live) return std::nullopt;
         return site_of(it->second);
     }
 
@@ -349,8 +355,9 @@ public:
             s.rank = rank_.rank;
             s.last_sequence = sequence_;
             s.time_ns = now_ns();
-            s.entries.reserve(ledger_.size());
-            for (const auto& [p, r] : ledger_) s.entries.push_back(entry_of(r));
+            s.entries.reserve(stats_.live_allocations);
+            for (const auto& [p, r] : ledger_)
+                if (r.live) s.entries.push_back(entry_of(r));
             sample_locked(s.time_ns);
             check_growth_locked(fired);
         }
@@ -367,8 +374,9 @@ public:
         std::vector<snapshot_entry> entries;
         {
             std::lock_guard lock(mutex_);
-            entries.reserve(ledger_.size());
-            for (const auto& [p, r] : ledger_) entries.push_back(entry_of(r));
+            entries.reserve(stats_.live_allocations);
+            for (const auto& [p, r] : ledger_)
+                if (r.live) entries.push_back(entry_of(r));
         }
         return detail::group_entries(rank_.rank, entries);
     }
@@ -417,7 +425,7 @@ public:
         r.tracker = options_.name;
         r.platform = std::string(platform_type::name);
         r.started_unix_ns = start_unix_ns_;
-        r.totals = stats_.snapshot();
+        r.totals = statistics();
         std::vector<snapshot_entry> entries;
         {
             std::lock_guard lock(mutex_);
@@ -431,8 +439,9 @@ public:
                     r.devices.push_back(device_usage{static_cast<int>(i) - 1, devices_[i].bytes, devices_[i].count});
                 }
             }
-            entries.reserve(ledger_.size());
-            for (const auto& [p, rec] : ledger_) entries.push_back(entry_of(rec));
+            entries.reserve(stats_.live_allocations);
+            for (const auto& [p, rec] : ledger_)
+                if (rec.live) entries.push_back(entry_of(rec));
             r.violations.assign(violations_.begin(), violations_.end());
             for (const auto& s : timeline_) {
                 timeline_sample t;
@@ -463,9 +472,14 @@ private:
         bool valid = true;
     };
 
-    /// One block, live (in ledger_) or recently freed (in graveyard_).
+    struct owner_totals {
+        std::size_t bytes = 0; ///< live bytes of the owner
+        std::size_t count = 0;
+        std::size_t peak = 0;  ///< max over time of bytes
+    };
+    /// One block: live, or freed and still remembered (to tell a double free).
     /// Invariants: 1 <= use_count <= max_uses for a stream allocation (uses[0] = stream), 0 for a
-    /// synchronous one until record_use; freed_* are meaningful only in the graveyard.
+    /// synchronous one until record_use; freed_* are meaningful only when !live.
     struct record {
         static constexpr int max_uses = 4;
         void* outer = nullptr;
@@ -473,7 +487,9 @@ private:
         std::size_t alignment = 0;
         std::size_t total = 0; ///< bytes taken from the upstream
         std::size_t front = 0; ///< user pointer = outer + front
+        bool live = true;      ///< false: freed, kept only to tell a double free
         owner_id owner = nullptr;
+        owner_totals* totals = nullptr; ///< owners_[owner]: node-based map, the address is stable
         int rank = 0;
         int device = -1;
         stream_type stream{};
@@ -500,11 +516,6 @@ private:
         }
     };
 
-    struct owner_totals {
-        std::size_t bytes = 0; ///< live bytes of the owner
-        std::size_t count = 0;
-        std::size_t peak = 0;  ///< max over time of bytes
-    };
     struct device_totals {
         std::size_t bytes = 0;
         std::size_t count = 0;
@@ -522,8 +533,28 @@ private:
         std::vector<std::pair<owner_id, std::size_t>> owners;
     };
 
+    /// Nanoseconds since the tracker was made. With `precise_time` off, Linux's coarse monotonic
+    /// clock (a few ms resolution, ~5 ns a read instead of up to ~100 ns in some VMs): the
+    /// sequence numbers order events exactly; times only place them.
     [[nodiscard]] std::int64_t now_ns() const noexcept {
+#ifdef CLOCK_MONOTONIC_COARSE
+        if (!options_.precise_time) {
+            timespec ts{};
+            ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+            return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec - start_coarse_ns_;
+        }
+#endif
         return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
+    }
+
+    static std::int64_t coarse_now() noexcept {
+#ifdef CLOCK_MONOTONIC_COARSE
+        timespec ts{};
+        ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+        return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+#else
+        return 0;
+#endif
     }
 
     [[nodiscard]] layout layout_for(std::size_t bytes, std::size_t alignment) const noexcept {
@@ -579,7 +610,7 @@ private:
     }
 
     [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::size_t alignment, std::string detail) const {
-        throw out_of_memory(bytes, alignment, device(), stats_.snapshot(), "tracking_resource '" + options_.name + "'",
+        throw out_of_memory(bytes, alignment, device(), statistics(), "tracking_resource '" + options_.name + "'",
                             std::move(detail));
     }
 
@@ -601,24 +632,23 @@ private:
                 throw;
             }
         }
-        detail::call_stack stack;
-        if (options_.capture_stacks) stack = detail::call_stack::capture(3);
+        // Heap, not std::optional: GCC zero-fills an empty optional's storage on every call.
+        std::unique_ptr<detail::call_stack> stack;
+        if (options_.capture_stacks) stack = std::make_unique<detail::call_stack>(detail::call_stack::capture(3));
         const int device = device_of(stream, synchronous);
         std::vector<std::pair<int, watch_event>> fired;
         try {
             std::lock_guard lock(mutex_);
             // Everything that may throw comes before the first change.
-            static_cast<void>(owners_.try_emplace(owner));
+            owner_totals& totals = owners_.try_emplace(owner).first->second;
             if (static_cast<std::size_t>(device + 1) >= devices_.size()) devices_.resize(static_cast<std::size_t>(device + 2));
             if (watches_.size() > 0) fired.reserve(watches_.size());
-            record* r = nullptr;
-            // Reuse the node of a remembered free at this address (the upstream reused it).
-            if (auto node = graveyard_.extract(inner); !node.empty()) {
-                node.mapped() = record{};
-                r = &ledger_.insert(std::move(node)).position->second;
-            } else {
-                r = &ledger_.try_emplace(inner).first->second;
-            }
+            // A remembered free at this address (the upstream reused it) is overwritten in place.
+            record* r = &ledger_.try_emplace(inner).first->second;
+            r->live = true;
+            r->ordered = false;
+            r->ordered_onto = 0;
+            r->use_count = 0;
             r->outer = outer;
             r->bytes = bytes;
             r->alignment = alignment;
@@ -635,14 +665,24 @@ private:
             }
             r->sequence = ++sequence_;
             r->time_ns = now_ns();
-            r->stack = stack;
-            account_locked(owner, device, bytes, true, fired);
+            if (stack) {
+                r->stack = *stack;
+            } else {
+                r->stack.depth = 0; // frames past depth are never read
+            }
+            stats_.allocations += 1;
+            stats_.live_allocations += 1;
+            stats_.live_bytes += bytes;
+            stats_.reserved_bytes += l.total;
+            stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
+            stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+            r->totals = &totals;
+            account_locked(totals, owner, device, bytes, true, fired);
         } catch (...) {
             give_back(outer, l.total, alignment, stream, synchronous);
             if (noexcept_path) return nullptr;
             throw;
         }
-        stats_.on_allocate(bytes, l.total);
         if (!fired.empty()) fire(fired);
         return inner;
     }
@@ -656,9 +696,8 @@ private:
     }
 
     /// Updates the per-owner and per-device totals and runs the threshold watches.
-    void account_locked(owner_id owner, int device, std::size_t bytes, bool up,
+    void account_locked(owner_totals& o, owner_id owner, int device, std::size_t bytes, bool up,
                         std::vector<std::pair<int, watch_event>>& fired) noexcept {
-        owner_totals& o = owners_[owner];
         const auto slot = static_cast<std::size_t>(device + 1);
         if (slot >= devices_.size()) devices_.resize(slot + 1);
         device_totals& d = devices_[slot];
@@ -792,7 +831,7 @@ private:
     /// The live record of `ptr`; throws std::invalid_argument when there is none. Lock held.
     record& live_record(const void* ptr) {
         const auto it = ledger_.find(ptr);
-        if (it == ledger_.end()) {
+        if (it == ledger_.end() || !it->second.live) {
             throw std::invalid_argument("custody: " + detail::call_stack::hex(ptr) + " is not live in tracker '" +
                                         options_.name + "'");
         }
@@ -803,7 +842,7 @@ private:
         const auto* t = static_cast<const tracking_resource*>(self);
         std::lock_guard lock(t->mutex_);
         const auto it = t->ledger_.find(ptr);
-        if (it == t->ledger_.end()) return false;
+        if (it == t->ledger_.end() || !it->second.live) return false;
         site = t->site_of(it->second);
         name = t->options_.name;
         return true;
@@ -813,7 +852,7 @@ private:
     void free_impl(stream_type stream, bool synchronous, void* ptr, std::size_t bytes, std::size_t alignment,
                    bool can_throw) noexcept(false) {
         const int device = device_of(stream, synchronous);
-        const std::uint64_t free_sequence = free_sequence_.fetch_add(1, std::memory_order_relaxed) + 1;
+        std::uint64_t free_sequence = 0;
         const auto freed_site = [&] {
             allocation_site s;
             s.owner = std::string(owner_name(current_owner()));
@@ -829,14 +868,20 @@ private:
             return s;
         };
 
-        std::optional<violation> bad;
-        record taken;
+        std::unique_ptr<violation> bad; // rare; heap keeps the common path free of a large zero-fill
+        struct {
+            void* outer;
+            std::size_t total;
+            std::size_t alignment;
+        } taken{}; // what the upstream needs back
+        std::unique_ptr<record> guarded; // the whole record, for a guard check's report
         std::vector<std::pair<int, watch_event>> fired;
         bool known = false;
         {
             std::unique_lock lock(mutex_);
+            free_sequence = ++free_sequence_;
             const auto it = ledger_.find(ptr);
-            if (it != ledger_.end()) {
+            if (it != ledger_.end() && it->second.live) {
                 known = true;
                 record& r = it->second;
                 std::string what;
@@ -869,18 +914,22 @@ private:
                         v.has_allocated = true;
                         v.allocated = site_of(r);
                         v.detail = std::move(what);
-                        bad = std::move(v);
+                        bad = std::make_unique<violation>(std::move(v));
                     } catch (...) {
                         report_failure("custody: no memory to describe a bad free");
                         return;
                     }
                 } else {
-                    auto node = ledger_.extract(it);
-                    taken = node.mapped();
-                    account_locked(r.owner, r.device, r.bytes, false, fired);
-                    remember_free_locked(std::move(node), device, stream, synchronous, free_sequence);
+                    taken = {r.outer, r.total, r.alignment};
+                    if (options_.canaries) guarded = std::make_unique<record>(r);
+                    stats_.deallocations += 1;
+                    stats_.live_allocations -= 1;
+                    stats_.live_bytes -= r.bytes;
+                    stats_.reserved_bytes -= r.total;
+                    account_locked(*r.totals, r.owner, r.device, r.bytes, false, fired);
+                    remember_free_locked(it, device, stream, synchronous, free_sequence);
                 }
-            } else if (const auto dead = graveyard_.find(ptr); dead != graveyard_.end()) {
+            } else if (const auto dead = it; dead != ledger_.end()) {
                 violation v;
                 v.kind = violation_kind::double_free;
                 v.pointer = ptr;
@@ -890,7 +939,7 @@ private:
                 v.has_first_free = true;
                 v.first_free = freed_site_of(dead->second);
                 v.detail = "the block was already given back";
-                bad = std::move(v);
+                bad = std::make_unique<violation>(std::move(v));
             }
         }
         if (bad) {
@@ -920,14 +969,13 @@ private:
         }
 
         // A good free: read the guards back, poison, give back (all ordered on the freeing stream).
-        stats_.on_deallocate(taken.bytes, taken.total);
-        std::optional<violation> guard_violation;
+        std::unique_ptr<violation> guard_violation; // heap: see admit
         const stream_type s = synchronous ? stream_type{} : stream;
         if (options_.canaries) {
             if (s == stream_type{}) {
-                guard_violation = check_guards_now(taken, ptr, s);
+                if (auto v = check_guards_now(*guarded, ptr, s)) guard_violation = std::make_unique<violation>(std::move(*v));
             } else {
-                enqueue_guard_check(taken, ptr, s, freed_site);
+                enqueue_guard_check(*guarded, ptr, s, freed_site);
             }
         }
         if (options_.poison) {
@@ -959,26 +1007,30 @@ private:
         return stream_type{};
     }
 
-    /// Moves a freed block's node into the graveyard, forgetting the oldest beyond remembered_frees.
-    template <class Node>
-    void remember_free_locked(Node node, int device, stream_type stream, bool synchronous, std::uint64_t free_sequence) {
-        if (options_.remembered_frees == 0) return;
-        record& r = node.mapped();
+    /// Marks a block freed and remembers it, forgetting the oldest beyond remembered_frees.
+    template <class Iterator>
+    void remember_free_locked(Iterator it, int device, stream_type stream, bool synchronous,
+                              std::uint64_t free_sequence) noexcept {
+        if (options_.remembered_frees == 0) {
+            ledger_.erase(it);
+            return;
+        }
+        record& r = it->second;
+        r.live = false;
         r.freed_owner = current_owner();
         r.freed_device = device;
         r.freed_stream = synchronous ? 0 : platform_type::stream_key(stream);
         r.freed_synchronous = synchronous;
         r.freed_sequence = free_sequence;
         r.freed_time_ns = now_ns();
-        const void* key = node.key();
-        graveyard_.insert(std::move(node));
-        freed_order_.emplace_back(key, free_sequence);
-        while (freed_order_.size() > options_.remembered_frees) {
-            const auto [old, seq] = freed_order_.front();
-            freed_order_.pop_front();
-            const auto it = graveyard_.find(old);
-            if (it != graveyard_.end() && it->second.freed_sequence == seq) graveyard_.erase(it);
+        auto& slot = freed_ring_[ring_next_];
+        if (slot.first != nullptr) {
+            // Forget the oldest remembered free, unless its address was reused (or freed again) since.
+            const auto old = ledger_.find(slot.first);
+            if (old != ledger_.end() && !old->second.live && old->second.freed_sequence == slot.second) ledger_.erase(old);
         }
+        slot = {it->first, free_sequence};
+        ring_next_ = ring_next_ + 1 == freed_ring_.size() ? 0 : ring_next_ + 1;
     }
 
     /// Reads both guards back on the default stream (or a synchronous free), waits, compares.
@@ -1152,15 +1204,20 @@ private:
     tracking_options options_;
     rank_info rank_;
     std::chrono::steady_clock::time_point start_;
+    std::int64_t start_coarse_ns_ = coarse_now();
     std::int64_t start_unix_ns_;
-    statistics_counter stats_;
 
     mutable std::mutex mutex_; // guards everything below but the atomics
-    std::unordered_map<const void*, record> ledger_;    // user pointer -> live block
-    std::unordered_map<const void*, record> graveyard_; // user pointer -> recently freed block
-    std::deque<std::pair<const void*, std::uint64_t>> freed_order_; // graveyard keys, oldest first;
-                                                                    // size <= remembered_frees
+    // User pointer -> block: the live ones, and the last remembered_frees freed ones.
+    // Invariant: count of live records == stats_.live_allocations.
+    std::unordered_map<const void*, record> ledger_;
+    // The freed records in ledger_ as (pointer, free sequence), a ring; ring_next_ is the oldest slot.
+    // A slot names a ledger_ record only while that record is not live and has that sequence.
+    std::vector<std::pair<const void*, std::uint64_t>> freed_ring_;
+    std::size_t ring_next_ = 0;
+    resource_statistics stats_;                         // of the blocks in ledger_ (user bytes)
     std::uint64_t sequence_ = 0;                        // allocations handed out so far
+    std::uint64_t free_sequence_ = 0;                   // deallocate calls so far
     std::unordered_map<owner_id, owner_totals> owners_; // sum over live blocks of each owner
     std::vector<device_totals> devices_;                // index device + 1
     std::vector<installed_watch> watches_;
@@ -1172,7 +1229,6 @@ private:
     std::mutex checks_mutex_; // guards guard_checks_; never held with mutex_
     std::deque<guard_check> guard_checks_;
     std::atomic<std::size_t> guard_checks_pending_{0}; // == guard_checks_.size()
-    std::atomic<std::uint64_t> free_sequence_{0};
     std::atomic<std::uint64_t> violation_count_{0};
     std::atomic<bool> has_pending_{false};
     std::atomic<bool> has_watches_{false};
