@@ -634,7 +634,7 @@ private:
         }
         // Heap, not std::optional: GCC zero-fills an empty optional's storage on every call.
         std::unique_ptr<detail::call_stack> stack;
-        if (options_.capture_stacks) stack = std::make_unique<detail::call_stack>(detail::call_stack::capture(3));
+        if (options_.capture_stacks) stack = std::make_unique<detail::call_stack>(detail::call_stack::capture(1));
         const int device = device_of(stream, synchronous);
         std::vector<std::pair<int, watch_event>> fired;
         try {
@@ -864,7 +864,7 @@ private:
             s.time_ns = now_ns();
             s.bytes = bytes;
             s.alignment = alignment;
-            if (options_.capture_stacks) s.stack = detail::call_stack::capture(3).symbolize();
+            if (options_.capture_stacks) s.stack = detail::call_stack::capture(1).symbolize();
             return s;
         };
 

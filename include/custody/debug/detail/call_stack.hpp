@@ -3,6 +3,7 @@
 /// report is written (backtrace_symbols).
 #pragma once
 
+#include <cxxabi.h>
 #include <execinfo.h>
 
 #include <algorithm>
@@ -24,9 +25,11 @@ struct call_stack {
 
     [[nodiscard]] bool empty() const noexcept { return depth == 0; }
 
-    /// Captures the caller's stack, dropping the `skip` innermost frames (the tracker's own).
+    /// Captures the caller's stack, dropping the `skip` innermost frames (1: this function).
+    /// Not inlined, so the count is the same at every optimization level. Function names need the
+    /// program linked with -rdynamic; otherwise frames read "binary(+offset)" (see addr2line).
     /// Not async-signal-safe on first use (glibc loads libgcc lazily); allocation-free afterwards.
-    static call_stack capture(int skip) noexcept {
+    [[gnu::noinline]] static call_stack capture(int skip) noexcept {
         std::array<void*, max_depth + 8> raw{};
         const int n = ::backtrace(raw.data(), static_cast<int>(raw.size()));
         call_stack s;
@@ -43,10 +46,27 @@ struct call_stack {
         char** symbols = ::backtrace_symbols(frames.data(), depth);
         lines.reserve(static_cast<std::size_t>(depth));
         for (int i = 0; i < depth; ++i) {
-            lines.emplace_back(symbols != nullptr ? symbols[i] : hex(frames[static_cast<std::size_t>(i)]));
+            lines.push_back(symbols != nullptr ? demangle(symbols[i]) : hex(frames[static_cast<std::size_t>(i)]));
         }
         std::free(static_cast<void*>(symbols)); // NOLINT: backtrace_symbols returns one malloc'ed block
         return lines;
+    }
+
+    /// "bin(_ZN3foo3barEv+0x1f) [0x..]" -> "bin(foo::bar()+0x1f) [0x..]"; other text unchanged.
+    static std::string demangle(const std::string& line) {
+        const auto open = line.find('(');
+        const auto plus = line.find('+', open == std::string::npos ? 0 : open);
+        if (open == std::string::npos || plus == std::string::npos || plus == open + 1) return line;
+        const std::string mangled = line.substr(open + 1, plus - open - 1);
+        int status = -1;
+        char* name = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+        if (status != 0 || name == nullptr) {
+            std::free(name); // NOLINT: __cxa_demangle allocates with malloc
+            return line;
+        }
+        std::string out = line.substr(0, open + 1) + name + line.substr(plus);
+        std::free(name); // NOLINT
+        return out;
     }
 
     static std::string hex(const void* p) {
