@@ -31,14 +31,14 @@ constexpr int world = 4;
 constexpr int steps = 12;
 constexpr int leaky_rank = 1;
 
+} // namespace
+
+namespace inference {
+
 struct block {
     void* ptr;
     std::size_t bytes;
 };
-
-} // namespace
-
-namespace inference {
 
 /// The planted bug: a cache of KV pages that rank 1 forgets to trim. (Outside the anonymous
 /// namespace, so that with -rdynamic its name shows in the call stacks.)
@@ -49,6 +49,8 @@ namespace inference {
 } // namespace inference
 
 namespace {
+
+using inference::block;
 
 struct rank_output {
     std::string log;
