@@ -122,7 +122,8 @@ struct tracking_options {
 /// while calling the upstream, a callback or the registry).
 /// Ownership: holds the upstream by value (constructed in place from the constructor's extra
 /// arguments). At destruction, blocks still live are reported (policy on_leak) and, with
-/// release_leaks, given back to the upstream.
+/// release_leaks, given back to the upstream synchronously (their streams may be gone). The
+/// caller keeps the streams it passes alive until the calls that use them return, as always.
 /// Complexity: allocate and deallocate are O(1) expected (hash maps) plus the guard/poison copies.
 /// Equality: identity.
 template <stream_ordered_resource Upstream>
@@ -180,13 +181,8 @@ public:
                 report_failure("custody: tracking_resource could not build its leak report");
             }
             if (options_.release_leaks) {
-                for (const record& r : records) {
-                    if (r.synchronous) {
-                        upstream_.deallocate_sync(r.outer, r.total, r.alignment);
-                    } else {
-                        upstream_.deallocate(r.stream, r.outer, r.total, r.alignment);
-                    }
-                }
+                // Synchronously: the streams the blocks were allocated on may be gone by now.
+                for (const record& r : records) upstream_.deallocate_sync(r.outer, r.total, r.alignment);
             }
         }
     }
