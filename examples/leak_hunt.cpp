@@ -109,7 +109,7 @@ void run_rank(int rank, const std::string& dir, rank_output& out) {
         }
         t.deallocate(stream, activations.ptr, activations.bytes, 256);
         t.deallocate(stream, batch.ptr, batch.bytes, 256);
-        snaps.push_back(t.take_snapshot());
+        snaps.push_back(t.snapshot());
     }
 
     const leak_report grown = diff(snaps[1], snaps.back());

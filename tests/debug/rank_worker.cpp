@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
             owner_scope s("output");
             cache.emplace_back(t.allocate(stream, 512, 256), 512);
         }
-        static_cast<void>(t.take_snapshot());
+        static_cast<void>(t.snapshot());
     }
     const std::string path = std::string(argv[1]) + "/rank-" + std::to_string(rank.rank) + ".json";
     write_json_report(t.make_report(), path);

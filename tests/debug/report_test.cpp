@@ -53,7 +53,7 @@ rank_report sample_report(int rank, int world, std::size_t kv_factor = 1) {
     tracking_resource<resource::host_memory> t(o);
     std::vector<std::pair<void*, std::size_t>> blocks;
     blocks.emplace_back(t.allocate({}, 1000, 256, "weights"), 1000);
-    static_cast<void>(t.take_snapshot());
+    static_cast<void>(t.snapshot());
     blocks.emplace_back(t.allocate({}, 100 * kv_factor, 256, "kv_cache"), 100 * kv_factor);
     int x = 0;
     t.deallocate({}, &x, 4, 4); // an unknown pointer: one violation in the report

@@ -505,14 +505,14 @@ TEST_CASE("leaks at destruction go to the policy and the memory goes back upstre
 TEST_CASE("diff lists what appeared between two snapshots and did not go away", "[debug][snapshot]") {
     tracker t(quiet("snap"));
     void* base = t.allocate({}, 1000, 64, "weights");
-    const snapshot a = t.take_snapshot();
+    const snapshot a = t.snapshot();
     void* kept1 = t.allocate({}, 40, 64, "decode/kv");
     void* kept2 = t.allocate({}, 60, 64, "decode/kv");
     void* temp = t.allocate({}, 500, 64, "decode/scratch");
     void* out = t.allocate({}, 8, 64, "output");
     t.deallocate({}, temp, 500, 64);
     t.deallocate({}, base, 1000, 64); // went away: not in the diff either
-    const snapshot b = t.take_snapshot();
+    const snapshot b = t.snapshot();
     CHECK(a.entries.size() == 1);
     CHECK(b.entries.size() == 3);
     CHECK(b.live_bytes() == 108);
@@ -567,17 +567,17 @@ TEST_CASE("watches fire on a threshold and on growth across consecutive snapshot
 
     // Growth: a slow leak seen by snapshots. First snapshot sets the base.
     std::vector<void*> leak;
-    static_cast<void>(t.take_snapshot());
+    static_cast<void>(t.snapshot());
     for (int i = 0; i < 3; ++i) {
         leak.push_back(t.allocate({}, 10, 64, "slow_leak"));
-        static_cast<void>(t.take_snapshot());
+        static_cast<void>(t.snapshot());
     }
     REQUIRE(events.size() == 3);
     CHECK(events[2].watch_id == growth_id);
     CHECK(events[2].growth);
     CHECK(events[2].consecutive_growths == 3);
     CHECK(events[2].subject == "device 0");
-    static_cast<void>(t.take_snapshot()); // no growth: streak resets, nothing fires
+    static_cast<void>(t.snapshot()); // no growth: streak resets, nothing fires
     CHECK(events.size() == 3);
     CHECK(t.remove_watch(id));
     CHECK_FALSE(t.remove_watch(id));

@@ -343,8 +343,8 @@ public:
 
     /// The live allocations, in sequence order. Also takes a timeline sample and runs the growth
     /// watches. O(n log n) in the live blocks.
-    [[nodiscard]] snapshot take_snapshot() {
-        snapshot s;
+    [[nodiscard]] debug::snapshot snapshot() {
+        debug::snapshot s;
         std::vector<std::pair<int, watch_event>> fired;
         {
             std::lock_guard lock(mutex_);
@@ -362,8 +362,6 @@ public:
         fire(fired);
         return s;
     }
-    /// Same as take_snapshot (the name the issue tracker and users expect).
-    [[nodiscard]] snapshot snapshot_now() { return take_snapshot(); }
 
     /// The live allocations grouped by owner and call stack.
     [[nodiscard]] leak_report leaks() const {
