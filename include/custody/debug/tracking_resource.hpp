@@ -1047,18 +1047,23 @@ private:
     template <class FreedSite>
     void enqueue_guard_check(const record& r, const void* inner, stream_type s, const FreedSite& freed_site) noexcept {
         const std::size_t g = options_.guard_bytes;
+        std::optional<guard_check> c; // outlives the handler below: the copies may still be pending
         try {
-            guard_check c{r, inner, std::make_unique<unsigned char[]>(2 * g),
-                          typename platform_type::event(platform_type::stream_device(s)), freed_site()};
-            platform_type::memcpy_async(c.seen.get(), static_cast<const unsigned char*>(inner) - g, g, s);
-            platform_type::memcpy_async(c.seen.get() + g, static_cast<const unsigned char*>(inner) + r.bytes, g, s);
-            c.done.record(s);
+            c.emplace(guard_check{r, inner, std::make_unique<unsigned char[]>(2 * g),
+                                  typename platform_type::event(platform_type::stream_device(s)), freed_site()});
+        } catch (...) {
+            report_failure("custody: no memory for a guard check; the block goes unchecked");
+            return;
+        }
+        try {
+            platform_type::memcpy_async(c->seen.get(), static_cast<const unsigned char*>(inner) - g, g, s);
+            platform_type::memcpy_async(c->seen.get() + g, static_cast<const unsigned char*>(inner) + r.bytes, g, s);
+            c->done.record(s);
             std::lock_guard lock(checks_mutex_);
-            guard_checks_.push_back(std::move(c));
+            guard_checks_.push_back(std::move(*c)); // strong guarantee: *c intact if it throws
             guard_checks_pending_.fetch_add(1, std::memory_order_relaxed);
         } catch (...) {
-            // The copy may have been enqueued into a buffer that is now gone: wait for the stream
-            // so it cannot write into freed memory. Then the block goes unchecked.
+            // A copy may be enqueued into c's buffer: wait for the stream before the buffer goes.
             try {
                 platform_type::synchronize(s);
             } catch (...) {
