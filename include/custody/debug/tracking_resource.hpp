@@ -1019,11 +1019,12 @@ private:
         r.freed_time_ns = now_ns();
         auto& slot = freed_ring_[ring_next_];
         if (slot.first != nullptr) {
-            // Forget the oldest remembered free, unless its address was reused (or freed again) since.
-            const auto old = ledger_.find(slot.first);
-            if (old != ledger_.end() && !old->second.live && old->second.freed_sequence == slot.second) ledger_.erase(old);
+            // Forget the oldest remembered free, unless its address was reused (or freed again)
+            // since. The element is still there: only its latest slot, which comes later, erases it.
+            const auto& [key, old] = *slot.first;
+            if (!old.live && old.freed_sequence == slot.second) ledger_.erase(key);
         }
-        slot = {it->first, free_sequence};
+        slot = {&*it, free_sequence};
         ring_next_ = ring_next_ + 1 == freed_ring_.size() ? 0 : ring_next_ + 1;
     }
 
@@ -1210,9 +1211,11 @@ private:
     // User pointer -> block: the live ones, and the last remembered_frees freed ones.
     // Invariant: count of live records == stats_.live_allocations.
     std::unordered_map<const void*, record> ledger_;
-    // The freed records in ledger_ as (pointer, free sequence), a ring; ring_next_ is the oldest slot.
-    // A slot names a ledger_ record only while that record is not live and has that sequence.
-    std::vector<std::pair<const void*, std::uint64_t>> freed_ring_;
+    // The frees remembered in ledger_ as (element, free sequence), a ring; ring_next_ is the oldest
+    // slot. An element is erased only by the slot of its latest free (the one whose sequence it
+    // holds), and slots are evicted in order, so every slot's element exists (unordered_map
+    // elements keep their address across rehashes).
+    std::vector<std::pair<const std::pair<const void* const, record>*, std::uint64_t>> freed_ring_;
     std::size_t ring_next_ = 0;
     resource_statistics stats_;                         // of the blocks in ledger_ (user bytes)
     std::uint64_t sequence_ = 0;                        // allocations handed out so far
