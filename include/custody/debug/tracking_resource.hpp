@@ -32,15 +32,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -541,6 +544,12 @@ private:
         return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
     }
 
+    static std::array<unsigned char, 2 * max_guard_bytes> filled(unsigned char value) noexcept {
+        std::array<unsigned char, 2 * max_guard_bytes> a;
+        a.fill(value);
+        return a;
+    }
+
     static std::int64_t coarse_now() noexcept {
 #ifdef CLOCK_MONOTONIC_COARSE
         timespec ts{};
@@ -868,7 +877,11 @@ private:
             std::size_t total;
             std::size_t alignment;
         } taken{}; // what the upstream needs back
-        std::unique_ptr<record> guarded; // the whole record, for a guard check's report
+        // The whole record, for a guard check's report: copied into raw storage only when canaries
+        // are on (record is trivially copyable; std::optional would zero-fill it on every call).
+        static_assert(std::is_trivially_copyable_v<record> && std::is_trivially_destructible_v<record>);
+        alignas(record) unsigned char guarded_storage[sizeof(record)];
+        const record* guarded = nullptr;
         std::vector<std::pair<int, watch_event>> fired;
         bool known = false;
         {
@@ -915,7 +928,7 @@ private:
                     }
                 } else {
                     taken = {r.outer, r.total, r.alignment};
-                    if (options_.canaries) guarded = std::make_unique<record>(r);
+                    if (options_.canaries) guarded = ::new (static_cast<void*>(guarded_storage)) record(r);
                     stats_.deallocations += 1;
                     stats_.live_allocations -= 1;
                     stats_.live_bytes -= r.bytes;
@@ -1031,7 +1044,7 @@ private:
     /// Reads both guards back on the default stream (or a synchronous free), waits, compares.
     std::optional<violation> check_guards_now(const record& r, const void* inner, stream_type s) noexcept {
         const std::size_t g = options_.guard_bytes;
-        std::array<unsigned char, 2 * max_guard_bytes> seen{};
+        std::array<unsigned char, 2 * max_guard_bytes> seen; // filled by the copies below
         try {
             platform_type::memcpy_async(seen.data(), static_cast<const unsigned char*>(inner) - g, g, s);
             platform_type::memcpy_async(seen.data() + g, static_cast<const unsigned char*>(inner) + r.bytes, g, s);
@@ -1108,6 +1121,7 @@ private:
 
     std::optional<violation> compare_guards(const record& r, const void* inner, const unsigned char* seen) const noexcept {
         const std::size_t g = options_.guard_bytes;
+        if (std::memcmp(seen, canary_pattern_.data(), 2 * g) == 0) return std::nullopt; // the common case
         std::size_t first_bad_front = g;
         for (std::size_t i = g; i-- > 0;) // the byte nearest the block first
             if (seen[i] != options_.canary_byte) {
@@ -1205,6 +1219,7 @@ private:
     rank_info rank_;
     std::chrono::steady_clock::time_point start_;
     std::int64_t start_coarse_ns_ = coarse_now();
+    std::array<unsigned char, 2 * max_guard_bytes> canary_pattern_ = filled(options_.canary_byte); // both guards
     std::int64_t start_unix_ns_;
 
     mutable std::mutex mutex_; // guards everything below but the atomics
