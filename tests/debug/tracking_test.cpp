@@ -643,3 +643,50 @@ TEST_CASE("8 threads with their own owners allocate and free through one tracker
     for (int i = 0; i < threads; ++i) t.deallocate({}, kept[static_cast<std::size_t>(i)], static_cast<std::size_t>(i + 1) * 10, 64);
     CHECK(t.statistics().allocations == threads * 201);
 }
+
+TEST_CASE("try_allocate records like allocate and returns null when the upstream is exhausted", "[debug]") {
+    tracking_resource<resource::virtual_device_memory> t(quiet("try"), 1, std::size_t{1} << 16);
+    owner_scope s("prefill");
+    void* p = t.try_allocate({}, 1000, 256);
+    REQUIRE(p != nullptr);
+    CHECK(t.find(p)->owner == "prefill");
+    const auto before = t.statistics();
+    CHECK(t.try_allocate({}, std::size_t{1} << 20, 256) == nullptr);
+    CHECK(t.try_allocate({}, 0, 256) == nullptr);
+    CHECK(t.statistics() == before);
+    t.deallocate({}, p, 1000, 256);
+}
+
+TEST_CASE("the oldest remembered frees are forgotten beyond remembered_frees", "[debug][check]") {
+    tracking_options o = quiet("ring");
+    o.remembered_frees = 2;
+    tracker t(o);
+    std::vector<void*> blocks;
+    for (int i = 0; i < 3; ++i) blocks.push_back(t.allocate({}, 64, 64)); // three distinct addresses
+    for (void* p : blocks) t.deallocate({}, p, 64, 64);
+    // The first free was forgotten: its second free can only be an unknown pointer.
+    CHECK(caught([&] { t.deallocate_checked({}, blocks[0], 64, 64); }).kind == violation_kind::unknown_pointer);
+    const violation v = caught([&] { t.deallocate_checked({}, blocks[2], 64, 64); });
+    CHECK(v.kind == violation_kind::double_free);
+    CHECK(v.first_free.sequence == 3);
+
+    tracking_options none = quiet("none");
+    none.remembered_frees = 0;
+    tracker u(none);
+    void* p = u.allocate({}, 64, 64);
+    u.deallocate({}, p, 64, 64);
+    CHECK(caught([&] { u.deallocate_checked({}, p, 64, 64); }).kind == violation_kind::unknown_pointer);
+}
+
+TEST_CASE("the tracker is a custody resource", "[debug]") {
+    static_assert(try_allocatable_resource<tracker>);
+    static_assert(resource_with_statistics<tracker>);
+    static_assert(device_bound_resource<tracker>);
+    static_assert(has_property<tracker, host_accessible> && !has_property<tracker, device_accessible>);
+    static_assert(has_property<tracking_resource<resource::virtual_device_memory>, device_accessible>);
+    tracker a(quiet("a"));
+    tracker b(quiet("b"));
+    CHECK(a == a);
+    CHECK_FALSE(a == b);
+    CHECK(a.device() == -1);
+}
