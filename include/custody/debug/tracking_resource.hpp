@@ -116,7 +116,11 @@ struct tracking_options {
 /// Canaries: the upstream block is [front guard][user bytes][back guard]; front = guard_bytes
 /// rounded up to the alignment, so the user pointer keeps the requested alignment. Guards are
 /// written and read through Platform::memset_async / memcpy_async, so they work for device
-/// memory; the check reads back 2 * guard_bytes on the freeing stream and waits for it.
+/// memory. At free, 2 * guard_bytes are read back on the freeing stream, before the poison and the
+/// upstream free. On the default stream (and for deallocate_sync) they are compared at once; on
+/// another stream an event is recorded after the read-back and the comparison runs once it is
+/// ready (at a later call, check_guards(), or destruction), so a free never waits for its stream
+/// (on the cuda platform a copy to pageable host memory may still block until the stream gets there).
 /// Poison: freed memory is filled with poison_byte on the freeing stream before the free.
 ///
 /// Stream semantics: as the upstream's; guard writes and poison fills are enqueued on the
@@ -167,11 +171,14 @@ public:
             report_failure("custody: tracking_resource could not finish its guard checks");
         }
         std::vector<record> records;
-        {
+        try {
             std::lock_guard lock(mutex_);
-            records.reserve(ledger_.size());
+            records.reserve(stats_.live_allocations);
             for (auto& [p, r] : ledger_)
                 if (r.live) records.push_back(r);
+        } catch (...) {
+            report_failure("custody: tracking_resource could not list its leaks");
+            return;
         }
         if (!records.empty()) {
             try {
