@@ -261,4 +261,7 @@ TEST_CASE("bad inputs to the merge give typed errors naming the problem", "[debu
     CHECK(r6 == reason::missing);
     CHECK(m6.find("no report for rank 0") != std::string::npos);
     CHECK(merge_reports({b, a}).world_size == 2); // order does not matter
+    rank_report outside = a;
+    outside.rank.rank = 7;
+    CHECK(why([&] { static_cast<void>(merge_reports({a, outside})); }).first == reason::mismatched);
 }

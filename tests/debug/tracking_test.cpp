@@ -598,6 +598,9 @@ TEST_CASE("bad arguments change nothing", "[debug][errors]") {
     tracking_options o;
     o.guard_bytes = 1000;
     CHECK_THROWS_AS(tracker(o), std::invalid_argument);
+    tracking_options bad_rank;
+    bad_rank.rank = rank_info{3, 0, 2, "caller"};
+    CHECK_THROWS_AS(tracker(bad_rank), std::invalid_argument);
     t.deallocate({}, held, 10, 16);
 }
 

@@ -77,6 +77,11 @@ struct cross_rank_view {
             throw report_error(report_error::reason::mismatched, name(i),
                                "platform '" + r.platform + "' differs from '" + v.platform + "'");
         }
+        if (r.rank.rank < 0 || r.rank.rank >= v.world_size) {
+            throw report_error(report_error::reason::mismatched, name(i),
+                               "rank " + std::to_string(r.rank.rank) + " is outside a world of " +
+                                   std::to_string(v.world_size));
+        }
         auto& slot = seen[static_cast<std::size_t>(r.rank.rank)];
         if (slot >= 0) {
             throw report_error(report_error::reason::mismatched, name(i),
