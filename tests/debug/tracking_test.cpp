@@ -693,3 +693,90 @@ TEST_CASE("the tracker is a custody resource", "[debug]") {
     CHECK_FALSE(a == b);
     CHECK(a.device() == -1);
 }
+
+TEST_CASE("threads freeing through each other's trackers get foreign_free reports and no deadlock",
+          "[debug][threads][check]") {
+    tracking_options oa = quiet("A");
+    oa.on_violation = policy::ignore;
+    tracking_options ob = quiet("B");
+    ob.on_violation = policy::ignore;
+    tracker a(oa);
+    tracker b(ob);
+    constexpr int threads = 4;
+    constexpr int rounds = 100;
+    std::latch start(threads);
+    std::vector<std::thread> pool;
+    for (int i = 0; i < threads; ++i) {
+        pool.emplace_back([&, i] {
+            tracker& mine = i % 2 == 0 ? a : b;
+            tracker& other = i % 2 == 0 ? b : a;
+            start.arrive_and_wait();
+            for (int k = 0; k < rounds; ++k) {
+                void* p = mine.allocate({}, 128, 64);
+                other.deallocate({}, p, 128, 64); // wrong tracker: reported, not forwarded
+                mine.deallocate({}, p, 128, 64);  // right one
+            }
+        });
+    }
+    for (auto& th : pool) th.join();
+    CHECK(a.violation_count() == threads / 2 * rounds);
+    CHECK(b.violation_count() == threads / 2 * rounds);
+    for (const violation& v : a.violations()) {
+        CHECK(v.kind == violation_kind::foreign_free);
+        CHECK(v.other_tracker == "B");
+    }
+    CHECK(a.statistics().live_allocations == 0);
+    CHECK(b.statistics().live_allocations == 0);
+}
+
+namespace {
+/// Hands out one static block, again and again: two trackers over it see the same address.
+struct one_block_upstream {
+    using stream_type = host::stream_view;
+    alignas(256) static inline unsigned char block[1024];
+    static inline std::atomic<bool> taken{false};
+    void* allocate(stream_type, std::size_t bytes, std::size_t alignment) {
+        check_alignment(alignment);
+        if (bytes == 0) return nullptr;
+        if (bytes > sizeof block || taken.exchange(true)) throw out_of_memory(bytes, alignment, -1, {}, "one_block");
+        return block;
+    }
+    void deallocate(stream_type, void* p, std::size_t, std::size_t) noexcept {
+        if (p != nullptr) taken = false;
+    }
+    void* allocate_sync(std::size_t n, std::size_t a) { return allocate({}, n, a); }
+    void deallocate_sync(void* p, std::size_t n, std::size_t a) noexcept { deallocate({}, p, n, a); }
+    friend bool operator==(const one_block_upstream&, const one_block_upstream&) noexcept { return true; }
+};
+} // namespace
+
+TEST_CASE("a wrong-tracker free at an address this tracker once freed is still a foreign free", "[debug][check]") {
+    tracking_options o = quiet("first");
+    o.canaries = false;
+    tracking_resource<one_block_upstream> first(o);
+    o.name = "second";
+    tracking_resource<one_block_upstream> second(o);
+    void* p = first.allocate({}, 96, 64);
+    first.deallocate({}, p, 96, 64); // remembered by `first`
+    void* q = second.allocate({}, 96, 64, "decode");
+    REQUIRE(q == p);
+    violation v;
+    try {
+        first.deallocate_checked({}, p, 96, 64);
+        FAIL("no violation");
+    } catch (const tracking_error& e) {
+        v = e.report();
+    }
+    CHECK(v.kind == violation_kind::foreign_free);
+    CHECK(v.other_tracker == "second");
+    CHECK(v.allocated.owner == "decode");
+    CHECK(second.find(p));
+    second.deallocate({}, q, 96, 64);
+    // Once `second` gave it back too, a free through `first` is a double free of its own block.
+    try {
+        first.deallocate_checked({}, p, 96, 64);
+        FAIL("no violation");
+    } catch (const tracking_error& e) {
+        CHECK(e.kind() == violation_kind::double_free);
+    }
+}

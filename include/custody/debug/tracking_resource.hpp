@@ -962,6 +962,19 @@ private:
             }
         }
         if (bad) {
+            if (bad->kind == violation_kind::double_free) {
+                // The address may have been handed out again by another tracker over the same
+                // memory: then this is a free through the wrong tracker, not a second free.
+                allocation_site other;
+                std::string other_name;
+                if (detail::tracker_registry::instance().find_owner(this, ptr, other, other_name)) {
+                    bad->kind = violation_kind::foreign_free;
+                    bad->allocated = std::move(other);
+                    bad->other_tracker = std::move(other_name);
+                    bad->has_first_free = false;
+                    bad->detail = "handed out by tracker '" + bad->other_tracker + "'";
+                }
+            }
             bad->freed = freed_site();
             handle_violation(std::move(*bad), can_throw);
             return;
