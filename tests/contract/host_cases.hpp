@@ -2,6 +2,7 @@
 // host-platform resource.
 #pragma once
 
+#include <custody/debug/tracking_resource.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
 #include <custody/resource/virtual_device_memory.hpp>
@@ -33,6 +34,21 @@ struct fault_injecting_case {
     static constexpr bool exhaustible = true;
 };
 
-using host_contract_cases = std::tuple<host_memory_case, virtual_device_memory_case, fault_injecting_case>;
+/// The tracking resource with everything on (canaries, poison, stream and device checks) over
+/// host memory; a violation would throw from the next call and fail the suite.
+struct tracking_host_memory_case {
+    using resource = custody::debug::tracking_resource<custody::resource::host_memory>;
+    static std::unique_ptr<resource> make() {
+        custody::debug::tracking_options o;
+        o.name = "contract";
+        o.rank = custody::debug::rank_info{};
+        return std::make_unique<resource>(o);
+    }
+    static constexpr std::size_t max_alignment = custody::resource::host_memory::max_alignment;
+    static constexpr bool exhaustible = true;
+};
+
+using host_contract_cases = std::tuple<host_memory_case, virtual_device_memory_case, fault_injecting_case,
+                                       tracking_host_memory_case>;
 
 } // namespace custody::test
