@@ -2,6 +2,7 @@
 // host-platform resource.
 #pragma once
 
+#include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
 #include <custody/resource/virtual_device_memory.hpp>
@@ -33,6 +34,25 @@ struct fault_injecting_case {
     static constexpr bool exhaustible = true;
 };
 
-using host_contract_cases = std::tuple<host_memory_case, virtual_device_memory_case, fault_injecting_case>;
+struct pool_over_host_memory_case {
+    using resource = custody::pool::stream_ordered_pool<custody::resource::host_memory>;
+    static std::unique_ptr<resource> make() { return std::make_unique<resource>(custody::pool::pool_options{}); }
+    static constexpr std::size_t max_alignment = resource::max_alignment;
+    static constexpr bool exhaustible = true;
+};
+
+struct pool_over_virtual_device_memory_case {
+    using resource = custody::pool::stream_ordered_pool<custody::resource::virtual_device_memory>;
+    static std::unique_ptr<resource> make() {
+        custody::pool::pool_options options;
+        options.growth_step = std::size_t{1} << 20; // several chunks in play even in short tests
+        return std::make_unique<resource>(options, 3, std::size_t{1} << 30);
+    }
+    static constexpr std::size_t max_alignment = resource::max_alignment;
+    static constexpr bool exhaustible = true;
+};
+
+using host_contract_cases = std::tuple<host_memory_case, virtual_device_memory_case, fault_injecting_case,
+                                       pool_over_host_memory_case, pool_over_virtual_device_memory_case>;
 
 } // namespace custody::test
