@@ -46,7 +46,9 @@ struct pool_over_virtual_device_memory_case {
     static std::unique_ptr<resource> make() {
         custody::pool::pool_options options;
         options.growth_step = std::size_t{1} << 20; // several chunks in play even in short tests
-        return std::make_unique<resource>(options, 3, std::size_t{1} << 30);
+        // The suite's streams are made on the current device (0): a pool takes only streams of its
+        // own device, as events of one CUDA device cannot be recorded on another's streams.
+        return std::make_unique<resource>(options, 0, std::size_t{1} << 30);
     }
     static constexpr std::size_t max_alignment = resource::max_alignment;
     static constexpr bool exhaustible = true;
