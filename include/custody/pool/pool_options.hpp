@@ -44,12 +44,16 @@ struct pool_options {
     /// working set sets it here and never grows during a request.
     std::size_t initial_size = 0;
 
-    /// Smallest chunk taken from the upstream when the pool must grow: 32 MiB, large enough that a
-    /// growth (a cudaMalloc of about a millisecond) is rare against the microseconds of a decode
-    /// step, small enough that the unused tail of the last chunk stays a few percent of a
-    /// multi-gigabyte working set. A request above it gets a chunk of its own size rounded up to
-    /// 2 MiB (the GPU's large page).
-    std::size_t growth_step = std::size_t{32} << 20;
+    /// Smallest chunk taken from the upstream when the pool must grow: 2 MiB (the GPU's large
+    /// page). Chunks grow with the pool: each is max(growth_step, reserved / growth_divisor), and a
+    /// request larger than that gets a chunk of its own size rounded up to 2 MiB.
+    std::size_t growth_step = std::size_t{2} << 20;
+
+    /// With 32, the unused tail of the newest chunk is at most about 3% of what the pool holds, so
+    /// the pool stays within a few percent of its peak live bytes, while a pool that grows from
+    /// 2 MiB to 80 GiB takes about 340 chunks (growths cost a cudaMalloc each, about a millisecond).
+    /// 0: every chunk is growth_step (or the request's size).
+    std::size_t growth_divisor = 32;
 
     /// Hard limit on the bytes the pool holds from its upstream. Default: none beyond the device
     /// budget below.

@@ -70,8 +70,8 @@ namespace custody::pool {
 /// capturing stream is quarantined: never reused, returned to the upstream only when the pool ends.
 ///
 /// **Growth and limits.** Chunks come from the upstream through custody::try_allocate on the
-/// default stream: pool_options::initial_size at construction, then chunks of at least
-/// growth_step, never beyond maximum_size nor the device budget (device_headroom). trim() gives
+/// default stream: pool_options::initial_size at construction, then chunks of
+/// max(growth_step, reserved / growth_divisor), never beyond maximum_size nor the device budget (device_headroom). trim() gives
 /// back every chunk that is wholly free. Before throwing out_of_memory the pool waits for every
 /// stream's event, moves every cached block to the shared set (coalescing across streams), gives
 /// wholly free chunks back to the upstream and retries once; the error then carries live,
@@ -94,12 +94,21 @@ public:
     using event_type = typename platform_type::event;
 
     static constexpr const char* name = "stream_ordered_pool";
-    /// The largest alignment served: a page; chunks are taken with this alignment.
+    /// The largest alignment served: a page.
     static constexpr std::size_t max_alignment = custody::max_alignment;
     static constexpr std::size_t granule = detail::granule;
     static constexpr std::size_t small_threshold = detail::small_threshold;
     /// Chunks above growth_step are rounded up to this (the GPU's large page).
     static constexpr std::size_t chunk_rounding = std::size_t{2} << 20;
+    /// The alignment chunks are requested with: the upstream's largest (when it declares one),
+    /// at most a page, at least the granule. Larger alignments are served by splitting.
+    static constexpr std::size_t chunk_alignment = [] {
+        if constexpr (requires { Upstream::max_alignment; }) {
+            return std::clamp<std::size_t>(Upstream::max_alignment, detail::granule, custody::max_alignment);
+        } else {
+            return detail::granule;
+        }
+    }();
 
     /// Builds the pool with `options` over an upstream constructed from `upstream_args`.
     /// Throws out_of_memory if options.initial_size cannot be taken, std::invalid_argument for
@@ -114,7 +123,7 @@ public:
         if (options_.initial_size > 0) {
             std::lock_guard lock(shared_mutex_);
             if (!grow_exactly(align_up(options_.initial_size, granule))) {
-                throw out_of_memory(options_.initial_size, max_alignment, device_, statistics(), name,
+                throw out_of_memory(options_.initial_size, chunk_alignment, device_, statistics(), name,
                                     "the pool's initial size could not be taken from its upstream");
             }
         }
@@ -151,7 +160,7 @@ public:
         }
         std::lock_guard lock(shared_mutex_);
         for (const auto& [base, size] : chunks_) {
-            upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), size, max_alignment);
+            upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), size, chunk_alignment);
         }
         for (std::size_t i = 0; i < n; ++i) {
             std::unique_ptr<shard> owned(shards_[i].load(std::memory_order_relaxed));
@@ -474,10 +483,21 @@ private:
                 if (void* p = take_with_dependency(stream, *sh, small, bytes, size, alignment)) return p;
             }
         }
-        // 4. Grow.
+        // 3b. This stream's size-class lists, merged into its large blocks: memory cached for
+        //     other sizes serves this one before the pool grows (what keeps it near its live bytes).
+        if (sh != nullptr && flush_classes(*sh)) {
+            std::lock_guard lock(sh->mutex);
+            const detail::free_block b = sh->large.take(size, alignment);
+            if (b.size != 0) {
+                sh->cached -= b.size;
+                return reinterpret_cast<void*>(b.address);
+            }
+        }
+        // 4. Grow (by enough that an aligned block fits whatever the chunk's own alignment).
+        const std::size_t need = size + (alignment > chunk_alignment ? alignment - chunk_alignment : 0);
         {
             std::lock_guard lock(shared_mutex_);
-            if (grow(size)) {
+            if (grow(need)) {
                 const detail::free_block b = shared_.take(size, alignment);
                 if (b.size != 0) return reinterpret_cast<void*>(b.address);
             }
@@ -490,7 +510,7 @@ private:
             detail::free_block b = shared_.take(size, alignment);
             if (b.size == 0) {
                 release_free_chunks();
-                if (grow(size)) b = shared_.take(size, alignment);
+                if (grow(need)) b = shared_.take(size, alignment);
             }
             if (b.size != 0) return reinterpret_cast<void*>(b.address);
         }
@@ -554,6 +574,21 @@ private:
             if (result != nullptr) dependency_waits_.fetch_add(1, std::memory_order_relaxed);
         }
         return result;
+    }
+
+    /// Moves a shard's size-class blocks into its large set, coalescing them. True when any moved.
+    bool flush_classes(shard& sh) {
+        std::lock_guard lock(sh.mutex);
+        bool moved = false;
+        for (std::size_t c = 0; c < detail::class_count; ++c) {
+            auto& list = sh.classes[c];
+            while (!list.empty()) {
+                sh.large.insert({list.back(), detail::class_size(c), chunk_of(list.back())});
+                list.pop_back();
+                moved = true;
+            }
+        }
+        return moved;
     }
 
     /// Empties a shard (its lock held) into a list of blocks; strong: throws bad_alloc before
@@ -621,15 +656,19 @@ private:
     /// Takes a chunk for a request of `size` bytes: growth_step, or `size` rounded up to 2 MiB when
     /// larger; falls back to exactly `size` when that much is refused.
     bool grow(std::size_t size) {
-        const std::size_t preferred =
-            size <= options_.growth_step ? options_.growth_step : align_up(size, chunk_rounding);
+        std::size_t preferred = options_.growth_step;
+        if (options_.growth_divisor != 0) {
+            preferred = std::max(preferred, align_up(reserved_bytes_.load(std::memory_order_relaxed) /
+                                                         options_.growth_divisor, granule));
+        }
+        if (size > preferred) preferred = align_up(size, chunk_rounding);
         if (preferred != size && grow_exactly(preferred)) return true;
         return grow_exactly(size);
     }
 
     bool grow_exactly(std::size_t n) {
         if (!within_limits(n)) return false;
-        void* p = custody::try_allocate(upstream_, stream_type{}, n, max_alignment);
+        void* p = custody::try_allocate(upstream_, stream_type{}, n, chunk_alignment);
         if (p == nullptr) return false;
         const auto base = reinterpret_cast<std::uintptr_t>(p);
         try {
@@ -645,7 +684,7 @@ private:
                 throw;
             }
         } catch (...) {
-            upstream_.deallocate(stream_type{}, p, n, max_alignment);
+            upstream_.deallocate(stream_type{}, p, n, chunk_alignment);
             throw;
         }
         upstream_allocations_.fetch_add(1, std::memory_order_relaxed);
@@ -661,7 +700,7 @@ private:
                 std::unique_lock chunks_lock(chunks_mutex_);
                 chunks_.erase(b.address);
             }
-            upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(b.address), b.size, max_alignment);
+            upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(b.address), b.size, chunk_alignment);
             reserved_bytes_.fetch_sub(b.size, std::memory_order_relaxed);
             upstream_deallocations_.fetch_add(1, std::memory_order_relaxed);
             released += b.size;
