@@ -9,7 +9,9 @@
 //   churn_mt/*              the same from 1..8 threads
 //   trace/*                 an inference-like step: per-layer activations allocated and freed, a KV
 //                           cache that grows every step and is released when the request ends;
-//                           counter `fragmentation` = peak reserved / peak live
+//                           batch sizes padded to CUDA-graph buckets; counter `fragmentation` =
+//                           peak reserved / peak live (malloc: not observable, 0)
+//   trace_unbucketed/*      the same with every batch size 1..64
 // No memory is touched: the figures are the allocators' own costs.
 #include <custody/platform/host.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
@@ -203,16 +205,20 @@ void churn_mt(benchmark::State& state) {
                42u + static_cast<unsigned>(state.thread_index()));
 }
 
-/// An inference-like workload. One iteration is one decoding step of a batch of `tokens` (cycling
-/// 1..64) through 16 layers: each layer allocates its q/k/v, attention output and MLP activations
-/// (the MLP's are above 1 MiB for large batches) and frees them before the next layer, keeping its
-/// output for the next; each layer's KV cache grows by tokens x 4 KiB per step; every 128 steps the
-/// request ends and the whole KV cache is freed.
-template <class Adapter>
+/// An inference-like workload. One iteration is one decoding step of a batch of `tokens` through
+/// 16 layers: each layer allocates its q/k/v, attention output and MLP activations (the MLP's are
+/// above 1 MiB for large batches) and frees them before the next layer, keeping its output for the
+/// next; each layer's KV cache grows by a page of tokens x 4 KiB per step; every 128 steps the
+/// request ends and the whole KV cache is freed. `bucketed`: batch sizes are padded to the CUDA
+/// graph sizes inference engines capture (1, 2, 4, 8, 16, 32, 48, 64), drawn by a seeded RNG;
+/// otherwise every batch size 1..64 occurs (a harder case for size-class caches).
+template <class Adapter, bool bucketed>
 void trace(benchmark::State& state) {
     Adapter r;
     constexpr int layers = 16;
     constexpr std::size_t hidden = 4096, intermediate = 11008, element = 2;
+    constexpr std::size_t buckets[] = {1, 2, 4, 8, 16, 32, 48, 64};
+    std::mt19937 rng(2024);
     std::vector<std::pair<void*, std::size_t>> kv;
     kv.reserve(layers * 128);
     std::size_t live = 0, peak = 0, step = 0;
@@ -226,7 +232,7 @@ void trace(benchmark::State& state) {
         r.deallocate(p, n);
     };
     for (auto _ : state) {
-        const std::size_t tokens = 1 + (step * 37) % 64;
+        const std::size_t tokens = bucketed ? buckets[rng() % 8] : 1 + rng() % 64;
         const std::size_t x_bytes = tokens * hidden * element;
         std::pair<void*, std::size_t> x{take(x_bytes), x_bytes};
         for (int l = 0; l < layers; ++l) {
@@ -257,6 +263,11 @@ void trace(benchmark::State& state) {
     }
     for (auto [p, n] : kv) give(p, n);
     state.counters["fragmentation"] = r.fragmentation(peak);
+    if constexpr (std::is_same_v<Adapter, pool_adapter>) {
+        const auto p = r.pool.detailed_statistics();
+        state.counters["fast_path_share"] =
+            static_cast<double>(p.fast_allocations) / static_cast<double>(std::max<std::uint64_t>(p.totals.allocations, 1));
+    }
     state.counters["peak_live_MiB"] = static_cast<double>(peak) / MiB;
     state.SetItemsProcessed(state.iterations());
 }
@@ -266,7 +277,8 @@ void register_all(bool single_threaded_only) {
     const std::string n = Adapter::name;
     benchmark::RegisterBenchmark(("pair/" + n).c_str(), pair<Adapter>)->RangeMultiplier(8)->Range(64, 64 * MiB);
     benchmark::RegisterBenchmark(("churn/" + n).c_str(), churn<Adapter>);
-    benchmark::RegisterBenchmark(("trace/" + n).c_str(), trace<Adapter>)->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("trace/" + n).c_str(), trace<Adapter, true>)->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("trace_unbucketed/" + n).c_str(), trace<Adapter, false>)->Unit(benchmark::kMicrosecond);
     if (!single_threaded_only) {
         benchmark::RegisterBenchmark(("pair_mt/" + n).c_str(), pair_mt<Adapter>)
             ->Arg(256)->Arg(64 << 10)->ThreadRange(1, 8)->UseRealTime();

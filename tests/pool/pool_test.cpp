@@ -142,7 +142,12 @@ TEST_CASE("free_set finds the best fit, splits, honours alignment and coalesces 
     CHECK(set.bytes() == 80 * KiB);
     std::map<std::uintptr_t, std::size_t> chunks{{a, 64 * KiB}, {b, 32 * KiB}};
     std::size_t released = 0;
-    set.take_whole_chunks(chunks, [&](const detail::free_block& f) { released += f.size; });
+    set.take_whole_chunks(
+        [&](std::uintptr_t address, std::size_t size) {
+            auto c = chunks.find(address);
+            return c != chunks.end() && c->second == size;
+        },
+        [&](const detail::free_block& f) { released += f.size; });
     CHECK(released == 64 * KiB); // b's block is not its whole chunk
     CHECK(set.bytes() == 16 * KiB);
 }
@@ -151,32 +156,52 @@ TEST_CASE("free_set finds the best fit, splits, honours alignment and coalesces 
 
 TEST_CASE("the pool grows in chunks, reuses on the fast path and trims what is wholly free", "[pool]") {
     pool_options o;
-    o.initial_size = 1 * MiB;
+    o.initial_size = 4 * MiB;
     o.growth_step = 2 * MiB;
     stream_ordered_pool<virtual_device_memory> pool(o, 0, 64 * MiB);
-    CHECK(pool.statistics().reserved_bytes == 1 * MiB);
-    CHECK(pool.upstream().used() == 1 * MiB);
+    CHECK(pool.statistics().reserved_bytes == 4 * MiB);
+    CHECK(pool.upstream().used() == 4 * MiB);
     custody::host::stream s;
+    // Size-class blocks come from chunks of their own: the first takes a growth step.
     void* p = pool.allocate(s, 1000, 256);
+    CHECK(pool.statistics().reserved_bytes == 6 * MiB);
     pool.deallocate(s, p, 1000, 256);
     void* q = pool.allocate(s, 900, 256); // same class (1024), same stream: the same block
     CHECK(q == p);
-    // Growth: a 1.5 MiB block does not fit what is left of the first chunk.
-    void* big = pool.allocate(s, 3 * MiB / 2, 256);
-    CHECK(pool.statistics().reserved_bytes == 3 * MiB);
+    // Large blocks come from the initial chunk while it has room...
+    void* big = pool.allocate(s, 3 * MiB, 256);
+    CHECK(pool.statistics().reserved_bytes == 6 * MiB);
     CHECK(pool.detailed_statistics().chunks == 2);
-    // A request above the growth step gets its own chunk rounded to 2 MiB.
-    void* huge = pool.allocate(s, 5 * MiB, 256);
-    CHECK(pool.statistics().reserved_bytes == 3 * MiB + 6 * MiB);
+    // ...then from a chunk of their own, rounded up to 2 MiB, when larger than the growth step.
+    void* big2 = pool.allocate(s, 3 * MiB, 256);
+    CHECK(pool.statistics().reserved_bytes == 10 * MiB);
+    CHECK(pool.detailed_statistics().chunks == 3);
+    CHECK(pool.detailed_statistics().upstream_allocations == 3);
     check_accounting(pool);
-    pool.deallocate(s, huge, 5 * MiB, 256);
-    pool.deallocate(s, big, 3 * MiB / 2, 256);
-    CHECK(pool.trim() == 8 * MiB); // the 2 MiB and 6 MiB chunks are wholly free; the first holds q
-    CHECK(pool.statistics().reserved_bytes == 1 * MiB);
-    CHECK(pool.upstream().used() == 1 * MiB);
+    pool.deallocate(s, big, 3 * MiB, 256);
+    pool.deallocate(s, big2, 3 * MiB, 256);
+    CHECK(pool.trim() == 8 * MiB); // the two large chunks are wholly free; the small one holds q
+    CHECK(pool.statistics().reserved_bytes == 2 * MiB);
+    CHECK(pool.upstream().used() == 2 * MiB);
     pool.deallocate(s, q, 900, 256);
-    CHECK(pool.trim() == 1 * MiB);
+    CHECK(pool.trim() == 2 * MiB);
     CHECK(pool.statistics().reserved_bytes == 0);
+    CHECK(pool.upstream().used() == 0);
+    check_accounting(pool);
+}
+
+TEST_CASE("chunks grow with the pool: growth_step, then reserved / growth_divisor", "[pool]") {
+    pool_options o;
+    o.growth_step = 1 * MiB;
+    o.growth_divisor = 4;
+    stream_ordered_pool<host_memory> pool(o);
+    std::vector<void*> blocks;
+    for (int i = 0; i < 8; ++i) blocks.push_back(pool.allocate_sync(1 * MiB + 4096, 256)); // large kind
+    const auto p = pool.detailed_statistics();
+    // Sizes: 2 MiB (own size, rounded), then max(1 MiB, reserved / 4) rounded to the granule, ...
+    CHECK(p.chunks < 8);
+    CHECK(p.totals.reserved_bytes >= 8 * (MiB + 4096));
+    for (void* b : blocks) pool.deallocate_sync(b, 1 * MiB + 4096, 256);
     check_accounting(pool);
 }
 

@@ -34,6 +34,7 @@ struct pool_statistics {
     std::size_t largest_free_block = 0;  ///< over the shared set and every stream's large blocks
     std::size_t chunks = 0;              ///< upstream chunks held
     std::size_t streams = 0;             ///< streams with a shard
+    std::uint64_t fast_allocations = 0;     ///< served from the stream's own size-class list (the O(1) path)
     std::uint64_t upstream_allocations = 0;
     std::uint64_t upstream_deallocations = 0;
     std::uint64_t opportunistic_reuses = 0; ///< streams' caches moved to the shared set after their event completed

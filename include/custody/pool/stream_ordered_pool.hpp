@@ -6,9 +6,12 @@
 /// Map of the types (docs/pool.md tells the whole design):
 ///   stream_ordered_pool<Upstream>   the resource
 ///     shard                         per stream: its lock, its event, its size-class lists and
-///                                   large free blocks (all given back on that stream)
-///     shared_                       free blocks any stream may use at once (fresh chunks, and
+///                                   free spans (all given back on that stream)
+///     shared_                       free spans any stream may use at once (fresh chunks, and
 ///                                   streams' blocks once their work is known to have finished)
+///   Memory is segregated by kind: small chunks serve the size classes (<= 1 MiB), large chunks
+///   the larger requests, so that long-lived small blocks never pin holes into the ranges large
+///   requests need (the classic fragmentation of mixed lifetimes).
 ///     chunks_                       what was taken from the upstream
 ///   pool_options, reuse_policy      pool/pool_options.hpp
 ///   pool_statistics                 pool/pool_statistics.hpp
@@ -54,8 +57,9 @@ namespace custody::pool {
 /// **Sizes.** Every block is a multiple of 256 bytes. Requests up to 1 MiB are rounded up to one of
 /// 144 size classes (at most 6.25% above the request) and served from the calling stream's list
 /// for that class in O(1); larger requests are rounded up to 256 bytes and served by best fit from
-/// the stream's own large blocks, then from the shared free set, splitting the block and coalescing
-/// free neighbours when blocks come back (O(log n)). See pool/detail/size_classes.hpp.
+/// the stream's own large spans, then from the shared free set, splitting the block and coalescing
+/// free neighbours when blocks come back (O(log n)). Size-class blocks are carved (best fit) from
+/// chunks of their own, apart from large blocks. See pool/detail/size_classes.hpp.
 ///
 /// **Stream semantics.** allocate(s, ...) returns memory usable by work enqueued on s after the
 /// call. deallocate(s, p, ...) puts p in s's cache and records s's event, so p is reused at once
@@ -122,7 +126,7 @@ public:
           shards_(std::make_unique<std::atomic<shard*>[]>(options_.max_streams)) {
         if (options_.initial_size > 0) {
             std::lock_guard lock(shared_mutex_);
-            if (!grow_exactly(align_up(options_.initial_size, granule))) {
+            if (!grow_exactly(large_kind, align_up(options_.initial_size, granule))) {
                 throw out_of_memory(options_.initial_size, chunk_alignment, device_, statistics(), name,
                                     "the pool's initial size could not be taken from its upstream");
             }
@@ -159,8 +163,8 @@ public:
             report_failure(std::string_view(line, len > 0 ? static_cast<std::size_t>(len) : 0U));
         }
         std::lock_guard lock(shared_mutex_);
-        for (const auto& [base, size] : chunks_) {
-            upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), size, chunk_alignment);
+        for (const auto& [base, info] : chunks_) {
+            upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), info.size, chunk_alignment);
         }
         for (std::size_t i = 0; i < n; ++i) {
             std::unique_ptr<shard> owned(shards_[i].load(std::memory_order_relaxed));
@@ -217,7 +221,7 @@ public:
             return;
         }
         const bool small = bytes <= small_threshold;
-        const std::uintptr_t chunk = small ? 0 : chunk_of(address);
+        const chunk_ref where = small ? chunk_ref{} : chunk_of(address);
         bool stored = false;
         {
             std::lock_guard lock(sh->mutex);
@@ -225,7 +229,7 @@ public:
                 if (small) {
                     sh->classes[detail::class_of(bytes)].push_back(address);
                 } else {
-                    sh->large.insert({address, size, chunk});
+                    sh->spans[where.kind].insert({address, size, where.base});
                 }
                 stored = true;
                 sh->cached += size;
@@ -276,7 +280,7 @@ public:
             c += sh.counts;
             p.per_stream.push_back({sh.key, sh.cached});
             p.stream_cached_bytes += sh.cached;
-            p.largest_free_block = std::max(p.largest_free_block, sh.large.largest());
+            for (const auto& set : sh.spans) p.largest_free_block = std::max(p.largest_free_block, set.largest());
             for (std::size_t k = detail::class_count; k-- > 0;) {
                 if (!sh.classes[k].empty()) {
                     p.largest_free_block = std::max(p.largest_free_block, detail::class_size(k));
@@ -286,8 +290,10 @@ public:
         });
         {
             std::lock_guard lock(shared_mutex_);
-            p.shared_free_bytes = shared_.bytes();
-            p.largest_free_block = std::max(p.largest_free_block, shared_.largest());
+            for (const auto& set : shared_) {
+                p.shared_free_bytes += set.bytes();
+                p.largest_free_block = std::max(p.largest_free_block, set.largest());
+            }
             p.chunks = chunks_.size();
             p.quarantined_bytes = quarantined_bytes_.load(std::memory_order_relaxed);
         }
@@ -300,6 +306,7 @@ public:
         p.totals.live_allocations = static_cast<std::size_t>(c.allocations - c.deallocations);
         p.live_block_bytes = static_cast<std::size_t>(c.block_bytes);
         p.streams = shard_count_.load(std::memory_order_acquire);
+        p.fast_allocations = c.allocations - slow_allocations_.load(std::memory_order_relaxed);
         p.upstream_allocations = upstream_allocations_.load(std::memory_order_relaxed);
         p.upstream_deallocations = upstream_deallocations_.load(std::memory_order_relaxed);
         p.opportunistic_reuses = opportunistic_reuses_.load(std::memory_order_relaxed);
@@ -328,6 +335,21 @@ public:
     CUSTODY_FORWARD_PROPERTIES(stream_ordered_pool, Upstream)
 
 private:
+    /// Which chunks a block comes from: size-class blocks and larger ones never share a chunk.
+    static constexpr unsigned small_kind = 0;
+    static constexpr unsigned large_kind = 1;
+
+    /// An upstream chunk: its size and which kind of block it serves.
+    struct chunk_info {
+        std::size_t size;
+        unsigned kind;
+    };
+    /// Where a block lies: its chunk's base and kind.
+    struct chunk_ref {
+        std::uintptr_t base = 0;
+        unsigned kind = large_kind;
+    };
+
     /// Counters kept per shard under its lock (and once more, atomically, for the slow paths).
     struct counters {
         std::uint64_t allocations = 0;
@@ -345,8 +367,8 @@ private:
     /// share a line.
     ///
     /// Invariants (under mutex):
-    ///   cached = sum over c of |classes[c]| * class_size(c) + large.bytes()
-    ///   every block in classes[] and large was given back on this stream, and `event` was recorded
+    ///   cached = sum over c of |classes[c]| * class_size(c) + spans[0].bytes() + spans[1].bytes()
+    ///   every block in classes[] and spans[] was given back on this stream, and `event` was recorded
     ///   on this stream after the last of those frees, so event complete => all of them are idle
     struct alignas(64) shard {
         shard(std::uintptr_t k, event_type e) : key(k), event(std::move(e)) {}
@@ -356,7 +378,8 @@ private:
         std::size_t cached = 0;
         counters counts;
         std::array<std::vector<std::uintptr_t>, detail::class_count> classes; ///< classes[c]: free blocks of class_size(c)
-        detail::free_set large;                                               ///< free blocks above small_threshold
+        /// spans[small_kind]: class blocks merged (flush_classes); spans[large_kind]: blocks above small_threshold
+        std::array<detail::free_set, 2> spans;
     };
 
     // ---- construction helpers ----
@@ -461,11 +484,12 @@ private:
 
     void* allocate_slow(stream_type stream, shard* sh, std::size_t bytes, std::size_t size, std::size_t alignment) {
         const bool small = bytes <= small_threshold;
-        // 1. This stream's own large blocks.
+        const unsigned kind = small ? small_kind : large_kind;
+        // 1. This stream's own spans.
         if (sh != nullptr) {
             std::lock_guard lock(sh->mutex);
-            if (!sh->large.empty()) {
-                const detail::free_block b = sh->large.take(size, alignment);
+            if (!sh->spans[kind].empty()) {
+                const detail::free_block b = sh->spans[kind].take(size, alignment);
                 if (b.size != 0) {
                     sh->cached -= b.size;
                     return reinterpret_cast<void*>(b.address);
@@ -473,21 +497,25 @@ private:
             }
         }
         // 2. The shared set.
-        if (void* p = take_shared(size, alignment)) return p;
+        if (void* p = take_shared(kind, size, alignment)) return p;
         // 3. Other streams' caches, as the policy allows.
         if (options_.reuse != reuse_policy::same_stream) {
             if (drain_completed(sh)) {
-                if (void* p = take_shared(size, alignment)) return p;
+                if (void* p = take_shared(kind, size, alignment)) return p;
             }
             if (options_.reuse == reuse_policy::follow_dependencies && sh != nullptr) {
                 if (void* p = take_with_dependency(stream, *sh, small, bytes, size, alignment)) return p;
             }
         }
-        // 3b. This stream's size-class lists, merged into its large blocks: memory cached for
-        //     other sizes serves this one before the pool grows (what keeps it near its live bytes).
-        if (sh != nullptr && flush_classes(*sh)) {
+        // 3b. This stream's size-class lists, merged into its large blocks, when they hold more
+        //     than 1/64 of the reserve: memory cached for other sizes then serves this one before
+        //     the pool grows (what keeps the reserve near the live bytes), and the lists refill
+        //     by that much between two merges (what keeps merging rare).
+        if (small && sh != nullptr &&
+            flush_classes(*sh, std::max(size, reserved_bytes_.load(std::memory_order_relaxed) / 64))) {
             std::lock_guard lock(sh->mutex);
-            const detail::free_block b = sh->large.take(size, alignment);
+            detail::free_block b = sh->spans[small_kind].take(size, alignment);
+            if (b.size == 0) b = sh->spans[large_kind].take(size, alignment);
             if (b.size != 0) {
                 sh->cached -= b.size;
                 return reinterpret_cast<void*>(b.address);
@@ -497,20 +525,24 @@ private:
         const std::size_t need = size + (alignment > chunk_alignment ? alignment - chunk_alignment : 0);
         {
             std::lock_guard lock(shared_mutex_);
-            if (grow(need)) {
-                const detail::free_block b = shared_.take(size, alignment);
+            if (grow(kind, need)) {
+                const detail::free_block b = shared_[kind].take(size, alignment);
                 if (b.size != 0) return reinterpret_cast<void*>(b.address);
             }
+            // The pool may not grow: chunks of the other kind serve too (segregation is a preference).
+            const detail::free_block b = shared_[1 - kind].take(size, alignment);
+            if (b.size != 0) return reinterpret_cast<void*>(b.address);
         }
         // 5. Last resort: wait for every stream, coalesce everything, give free chunks back, retry once.
         reclaims_.fetch_add(1, std::memory_order_relaxed);
         reclaim();
         {
             std::lock_guard lock(shared_mutex_);
-            detail::free_block b = shared_.take(size, alignment);
+            detail::free_block b = shared_[kind].take(size, alignment);
+            if (b.size == 0) b = shared_[1 - kind].take(size, alignment);
             if (b.size == 0) {
                 release_free_chunks();
-                if (grow(need)) b = shared_.take(size, alignment);
+                if (grow(kind, need)) b = shared_[kind].take(size, alignment);
             }
             if (b.size != 0) return reinterpret_cast<void*>(b.address);
         }
@@ -518,10 +550,10 @@ private:
         throw_out_of_memory(bytes, alignment, {});
     }
 
-    void* take_shared(std::size_t size, std::size_t alignment) {
+    void* take_shared(unsigned kind, std::size_t size, std::size_t alignment) {
         std::lock_guard lock(shared_mutex_);
-        if (shared_.empty()) return nullptr;
-        const detail::free_block b = shared_.take(size, alignment);
+        if (shared_[kind].empty()) return nullptr;
+        const detail::free_block b = shared_[kind].take(size, alignment);
         return b.size != 0 ? reinterpret_cast<void*>(b.address) : nullptr;
     }
 
@@ -565,9 +597,10 @@ private:
                     other.cached -= size;
                 }
             }
-            if (result == nullptr && other.large.fits(size, alignment)) {
+            const unsigned kind = small ? small_kind : large_kind;
+            if (result == nullptr && other.spans[kind].fits(size, alignment)) {
                 platform_type::wait(stream, other.event);
-                const detail::free_block b = other.large.take(size, alignment);
+                const detail::free_block b = other.spans[kind].take(size, alignment);
                 other.cached -= b.size;
                 result = reinterpret_cast<void*>(b.address);
             }
@@ -576,14 +609,17 @@ private:
         return result;
     }
 
-    /// Moves a shard's size-class blocks into its large set, coalescing them. True when any moved.
-    bool flush_classes(shard& sh) {
+    /// Moves a shard's size-class blocks into its large set, coalescing them, when they hold at
+    /// least `threshold` bytes. True when any moved.
+    bool flush_classes(shard& sh, std::size_t threshold) {
         std::lock_guard lock(sh.mutex);
+        if (sh.cached - sh.spans[small_kind].bytes() - sh.spans[large_kind].bytes() < threshold) return false;
         bool moved = false;
         for (std::size_t c = 0; c < detail::class_count; ++c) {
             auto& list = sh.classes[c];
             while (!list.empty()) {
-                sh.large.insert({list.back(), detail::class_size(c), chunk_of(list.back())});
+                const chunk_ref where = chunk_of(list.back());
+                sh.spans[where.kind].insert({list.back(), detail::class_size(c), where.base});
                 list.pop_back();
                 moved = true;
             }
@@ -595,14 +631,19 @@ private:
     /// taking anything.
     std::vector<detail::free_block> take_all(shard& sh) {
         std::vector<detail::free_block> blocks;
-        std::size_t count = sh.large.count();
+        std::size_t count = sh.spans[small_kind].count() + sh.spans[large_kind].count();
         for (const auto& list : sh.classes) count += list.size();
         blocks.reserve(count);
         for (std::size_t c = 0; c < detail::class_count; ++c) {
-            for (std::uintptr_t a : sh.classes[c]) blocks.push_back({a, detail::class_size(c), 0});
+            for (std::uintptr_t a : sh.classes[c]) blocks.push_back({a, detail::class_size(c), 0, 0}); // chunk: looked up later
             sh.classes[c].clear();
         }
-        sh.large.drain([&](const detail::free_block& b) { blocks.push_back(b); });
+        for (unsigned kind : {small_kind, large_kind}) {
+            sh.spans[kind].drain([&](detail::free_block b) {
+                b.kind = kind;
+                blocks.push_back(b);
+            });
+        }
         sh.cached = 0;
         return blocks;
     }
@@ -612,9 +653,13 @@ private:
     void to_shared(const std::vector<detail::free_block>& blocks) noexcept {
         std::lock_guard lock(shared_mutex_);
         for (detail::free_block b : blocks) {
-            if (b.chunk == 0) b.chunk = chunk_of_locked(b.address);
+            if (b.chunk == 0) {
+                const chunk_ref where = chunk_of_locked(b.address);
+                b.chunk = where.base;
+                b.kind = where.kind;
+            }
             try {
-                shared_.insert(b);
+                shared_[b.kind].insert(b);
             } catch (...) {
                 lose(b.size);
             }
@@ -653,20 +698,21 @@ private:
         return true;
     }
 
-    /// Takes a chunk for a request of `size` bytes: growth_step, or `size` rounded up to 2 MiB when
-    /// larger; falls back to exactly `size` when that much is refused.
-    bool grow(std::size_t size) {
+    /// Takes a chunk of `kind` for a request of `size` bytes: max(growth_step, reserved /
+    /// growth_divisor), or `size` rounded up to 2 MiB when larger; falls back to exactly `size`
+    /// when that much is refused.
+    bool grow(unsigned kind, std::size_t size) {
         std::size_t preferred = options_.growth_step;
         if (options_.growth_divisor != 0) {
             preferred = std::max(preferred, align_up(reserved_bytes_.load(std::memory_order_relaxed) /
                                                          options_.growth_divisor, granule));
         }
         if (size > preferred) preferred = align_up(size, chunk_rounding);
-        if (preferred != size && grow_exactly(preferred)) return true;
-        return grow_exactly(size);
+        if (preferred != size && grow_exactly(kind, preferred)) return true;
+        return grow_exactly(kind, size);
     }
 
-    bool grow_exactly(std::size_t n) {
+    bool grow_exactly(unsigned kind, std::size_t n) {
         if (!within_limits(n)) return false;
         void* p = custody::try_allocate(upstream_, stream_type{}, n, chunk_alignment);
         if (p == nullptr) return false;
@@ -674,10 +720,10 @@ private:
         try {
             {
                 std::unique_lock chunks_lock(chunks_mutex_);
-                chunks_.emplace(base, n);
+                chunks_.emplace(base, chunk_info{n, kind});
             }
             try {
-                shared_.insert({base, n, base});
+                shared_[kind].insert({base, n, base});
             } catch (...) {
                 std::unique_lock chunks_lock(chunks_mutex_);
                 chunks_.erase(base);
@@ -695,29 +741,37 @@ private:
 
     std::size_t release_free_chunks() noexcept {
         std::size_t released = 0;
-        shared_.take_whole_chunks(chunks_, [&](const detail::free_block& b) {
-            {
-                std::unique_lock chunks_lock(chunks_mutex_);
-                chunks_.erase(b.address);
-            }
-            upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(b.address), b.size, chunk_alignment);
-            reserved_bytes_.fetch_sub(b.size, std::memory_order_relaxed);
-            upstream_deallocations_.fetch_add(1, std::memory_order_relaxed);
-            released += b.size;
-        });
+        for (auto& set : shared_) {
+            const auto whole = [&](std::uintptr_t address, std::size_t size) {
+                auto c = chunks_.find(address);
+                return c != chunks_.end() && c->second.size == size;
+            };
+            set.take_whole_chunks(whole, [&](const detail::free_block& b) {
+                {
+                    std::unique_lock chunks_lock(chunks_mutex_);
+                    chunks_.erase(b.address);
+                }
+                upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(b.address), b.size, chunk_alignment);
+                reserved_bytes_.fetch_sub(b.size, std::memory_order_relaxed);
+                upstream_deallocations_.fetch_add(1, std::memory_order_relaxed);
+                released += b.size;
+            });
+        }
         return released;
     }
 
     // ---- chunks ----
 
     /// The base of the chunk holding `address` (a block of this pool).
-    std::uintptr_t chunk_of(std::uintptr_t address) const noexcept {
+    chunk_ref chunk_of(std::uintptr_t address) const noexcept {
         std::shared_lock lock(chunks_mutex_);
         return chunk_of_locked(address);
     }
-    std::uintptr_t chunk_of_locked(std::uintptr_t address) const noexcept {
+    chunk_ref chunk_of_locked(std::uintptr_t address) const noexcept {
         auto it = chunks_.upper_bound(address);
-        return it == chunks_.begin() ? 0 : std::prev(it)->first;
+        if (it == chunks_.begin()) return {};
+        --it;
+        return {it->first, it->second.kind};
     }
 
     // ---- odd frees ----
@@ -738,7 +792,8 @@ private:
         }
         std::lock_guard lock(shared_mutex_);
         try {
-            shared_.insert({address, size, chunk_of_locked(address)});
+            const chunk_ref where = chunk_of_locked(address);
+            shared_[where.kind].insert({address, size, where.base});
         } catch (...) {
             lose(size);
         }
@@ -827,13 +882,13 @@ private:
     std::mutex registry_mutex_;                       // serializes shard creation
 
     mutable std::mutex shared_mutex_;
-    detail::free_set shared_;                         // guarded by shared_mutex_
-    std::map<std::uintptr_t, std::size_t> chunks_;    // base -> size; written under both locks below
+    std::array<detail::free_set, 2> shared_;         // [small_kind], [large_kind]; guarded by shared_mutex_
+    std::map<std::uintptr_t, chunk_info> chunks_;     // base -> chunk; written under both locks below
     mutable std::shared_mutex chunks_mutex_;
     std::atomic<std::size_t> quarantined_bytes_{0};   // blocks never reused again (capture, lost)
 
     // reserved_bytes_ = sum of chunks_ sizes
-    //                 = live block bytes + per-stream cached + shared_.bytes() + quarantined_bytes_
+    //                 = live block bytes + per-stream cached + shared_[*].bytes() + quarantined_bytes_
     alignas(64) std::atomic<std::size_t> live_bytes_{0};
     std::atomic<std::size_t> peak_live_bytes_{0};
     alignas(64) std::atomic<std::size_t> reserved_bytes_{0};

@@ -19,6 +19,7 @@ struct free_block {
     std::uintptr_t address = 0;
     std::size_t size = 0;
     std::uintptr_t chunk = 0; ///< base address of the upstream chunk it lies in
+    unsigned kind = 0;        ///< the owner's use: which of its sets the block belongs to
 };
 
 /// A set of free blocks with best-fit search, splitting and coalescing.
@@ -122,12 +123,12 @@ public:
         return {at, size, chunk};
     }
 
-    /// Removes every block whose range is a whole chunk, passing each to `f(free_block)`.
-    template <class F>
-    void take_whole_chunks(const std::map<std::uintptr_t, std::size_t>& chunks, F&& f) {
+    /// Removes every block for which `is_whole_chunk(address, size)` holds, passing each to
+    /// `f(free_block)`.
+    template <class Predicate, class F>
+    void take_whole_chunks(Predicate&& is_whole_chunk, F&& f) {
         for (auto it = by_address_.begin(); it != by_address_.end();) {
-            auto c = chunks.find(it->first);
-            if (c != chunks.end() && c->second == it->second.size) {
+            if (is_whole_chunk(it->first, it->second.size)) {
                 const free_block b{it->first, it->second.size, it->second.chunk};
                 by_size_.erase({b.size, b.address});
                 it = by_address_.erase(it);
