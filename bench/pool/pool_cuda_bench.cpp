@@ -70,7 +70,8 @@ void pair_cuda_malloc_async(benchmark::State& state) {
 }
 
 void pair_cub(benchmark::State& state) {
-    cub::CachingDeviceAllocator allocator(8, 3, 12, cub::CachingDeviceAllocator::INVALID_SIZE, false, false);
+    // Bins 8^3 (512 B) .. 8^9 (128 MiB), so that every size measured is cached; no cap on the cache.
+    cub::CachingDeviceAllocator allocator(8, 3, 9, cub::CachingDeviceAllocator::INVALID_SIZE, false);
     const auto n = static_cast<std::size_t>(state.range(0));
     const auto s = bench_stream().view().get();
     void* warm = nullptr;
