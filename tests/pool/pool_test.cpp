@@ -796,3 +796,37 @@ TEST_CASE("threads trimming and reading statistics while others allocate", "[poo
     CHECK(pool.statistics().live_allocations == 0);
     check_accounting(pool);
 }
+
+// ---- events --------------------------------------------------------------------------------------
+
+TEST_CASE("the event pool creates events up front and in batches, on its device", "[pool][events]") {
+    detail::event_pool<platform> events(3, 2, 4);
+    CHECK(events.available() == 2);
+    auto a = events.acquire();
+    auto b = events.acquire();
+    CHECK(events.available() == 0);
+    auto c = events.acquire(); // the stock ran out: a batch of 4 is made, one handed out
+    CHECK(events.available() == 3);
+    CHECK(a.device() == 3);
+    CHECK(c.device() == 3);
+    events.release(std::move(a));
+    CHECK(events.available() == 4);
+}
+
+TEST_CASE("each stream takes one event from the stock when first seen, none afterwards", "[pool][events]") {
+    pool_options o;
+    o.initial_events = 2;
+    o.event_batch = 2;
+    stream_ordered_pool<virtual_device_memory> pool(o, 4, 64 * MiB);
+    custody::host::device_guard on_device(4);
+    std::vector<custody::host::stream> streams;
+    for (int i = 0; i < 5; ++i) streams.emplace_back(4);
+    for (int round = 0; round < 3; ++round) {
+        for (auto& s : streams) {
+            void* p = pool.allocate(s, 512, 256);
+            pool.deallocate(s, p, 512, 256);
+        }
+    }
+    CHECK(pool.detailed_statistics().streams == 5);
+    check_accounting(pool);
+}
