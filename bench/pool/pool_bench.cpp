@@ -190,6 +190,12 @@ void churn_loop(benchmark::State& state, Adapter& r, custody::host::stream_view 
     }
     for (auto& [p, n] : live)
         if (p != nullptr) deallocate(p, n);
+    if constexpr (std::is_same_v<Adapter, pool_adapter>) {
+        const auto p = r.pool.detailed_statistics();
+        state.counters["fast_path_share"] =
+            static_cast<double>(p.fast_allocations) / static_cast<double>(std::max<std::uint64_t>(p.totals.allocations, 1));
+        state.counters["reclaims"] = static_cast<double>(p.reclaims);
+    }
     state.SetItemsProcessed(state.iterations());
 }
 
