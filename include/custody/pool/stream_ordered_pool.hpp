@@ -179,7 +179,7 @@ public:
     /// Throws std::invalid_argument (bad alignment, stream of another device), capture_error,
     /// out_of_memory; the pool is unchanged after any of them.
     [[nodiscard]] void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment) {
-        check_alignment(alignment, max_alignment);
+        if (!is_pow2(alignment) || alignment > max_alignment) [[unlikely]] check_alignment(alignment, max_alignment);
         if (bytes == 0) return nullptr;
         if (platform_type::is_capturing(stream)) throw capture_error(platform_type::stream_key(stream), bytes);
         if (bytes > request_limit()) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
