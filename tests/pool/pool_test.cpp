@@ -830,3 +830,25 @@ TEST_CASE("each stream takes one event from the stock when first seen, none afte
     CHECK(pool.detailed_statistics().streams == 5);
     check_accounting(pool);
 }
+
+TEST_CASE("an initial size the upstream cannot give is out_of_memory from the constructor", "[pool][oom]") {
+    pool_options o;
+    o.initial_size = 2 * MiB;
+    CHECK_THROWS_AS(stream_ordered_pool<virtual_device_memory>(o, 0, 1 * MiB), custody::out_of_memory);
+    o.maximum_size = 1 * MiB; // the limit applies to the initial chunk too
+    CHECK_THROWS_AS(stream_ordered_pool<host_memory>(o), custody::out_of_memory);
+}
+
+TEST_CASE("a block given back on a stream of another device waits for it and stays accounted", "[pool][streams]") {
+    stream_ordered_pool<virtual_device_memory> pool(pool_options{}, 1, 64 * MiB);
+    custody::host::stream own(1);
+    custody::host::stream foreign(6);
+    void* p = pool.allocate(own, 3000, 256);
+    pool.deallocate(foreign, p, 3000, 256); // no shard for a foreign stream: synchronized, then shared
+    const auto s = pool.detailed_statistics();
+    CHECK(s.totals.live_allocations == 0);
+    CHECK(s.streams == 1);
+    check_accounting(pool);
+    void* q = pool.allocate(own, 3000, 256);
+    pool.deallocate(own, q, 3000, 256);
+}
