@@ -207,7 +207,8 @@ TEST_CASE("chunks grow with the pool: growth_step, then reserved / growth_diviso
 
 TEST_CASE("large blocks are split and their free neighbours coalesced", "[pool]") {
     pool_options o;
-    o.growth_step = 16 * MiB;
+    o.growth_step = 8 * MiB;
+    o.maximum_size = 8 * MiB; // the 7 MiB below can only be a, b and c joined
     stream_ordered_pool<host_memory> pool(o);
     custody::host::stream s;
     void* a = pool.allocate(s, 2 * MiB, 256);
@@ -222,6 +223,10 @@ TEST_CASE("large blocks are split and their free neighbours coalesced", "[pool]"
     CHECK(d == a);
     CHECK(pool.detailed_statistics().chunks == 1);
     pool.deallocate(s, d, 7 * MiB, 256);
+    // A large block given back and asked for again at its size comes back at once.
+    void* e = pool.allocate(s, 7 * MiB, 256);
+    CHECK(e == d);
+    pool.deallocate(s, e, 7 * MiB, 256);
     check_accounting(pool);
 }
 

@@ -229,7 +229,7 @@ public:
                 if (small) {
                     sh->classes[detail::class_of(bytes)].push_back(address);
                 } else {
-                    sh->spans[where.kind].insert({address, size, where.base});
+                    keep_recent(*sh, {address, size, where.base, where.kind});
                 }
                 stored = true;
                 sh->cached += size;
@@ -281,6 +281,9 @@ public:
             p.per_stream.push_back({sh.key, sh.cached});
             p.stream_cached_bytes += sh.cached;
             for (const auto& set : sh.spans) p.largest_free_block = std::max(p.largest_free_block, set.largest());
+            for (std::size_t i = 0; i < sh.recent_count; ++i) {
+                p.largest_free_block = std::max(p.largest_free_block, sh.recent[i].size);
+            }
             for (std::size_t k = detail::class_count; k-- > 0;) {
                 if (!sh.classes[k].empty()) {
                     p.largest_free_block = std::max(p.largest_free_block, detail::class_size(k));
@@ -368,7 +371,8 @@ private:
     ///
     /// Invariants (under mutex):
     ///   cached = sum over c of |classes[c]| * class_size(c) + spans[0].bytes() + spans[1].bytes()
-    ///   every block in classes[] and spans[] was given back on this stream, and `event` was recorded
+    ///            + sum of recent[0, recent_count).size
+    ///   every block in classes[], spans[] and recent[] was given back on this stream, and `event` was recorded
     ///   on this stream after the last of those frees, so event complete => all of them are idle
     struct alignas(64) shard {
         shard(std::uintptr_t k, event_type e) : key(k), event(std::move(e)) {}
@@ -380,6 +384,11 @@ private:
         std::array<std::vector<std::uintptr_t>, detail::class_count> classes; ///< classes[c]: free blocks of class_size(c)
         /// spans[small_kind]: class blocks merged (flush_classes); spans[large_kind]: blocks above small_threshold
         std::array<detail::free_set, 2> spans;
+        /// The large blocks given back most recently, oldest first, not yet merged into spans: a
+        /// large block freed and asked for again at the same size (an MLP activation from one
+        /// layer to the next) comes back in O(1), without touching the trees.
+        std::array<detail::free_block, 4> recent{};
+        std::size_t recent_count = 0; ///< recent_count <= recent.size()
     };
 
     // ---- construction helpers ----
@@ -485,9 +494,12 @@ private:
     void* allocate_slow(stream_type stream, shard* sh, std::size_t bytes, std::size_t size, std::size_t alignment) {
         const bool small = bytes <= small_threshold;
         const unsigned kind = small ? small_kind : large_kind;
-        // 1. This stream's own spans.
+        // 1. This stream's own recent large blocks (exact size), then its spans.
         if (sh != nullptr) {
             std::lock_guard lock(sh->mutex);
+            if (!small) {
+                if (void* p = take_recent(*sh, size, alignment)) return p;
+            }
             if (!sh->spans[kind].empty()) {
                 const detail::free_block b = sh->spans[kind].take(size, alignment);
                 if (b.size != 0) {
@@ -519,6 +531,17 @@ private:
             if (b.size != 0) {
                 sh->cached -= b.size;
                 return reinterpret_cast<void*>(b.address);
+            }
+        }
+        //     For a large request, the recent large blocks merge into the spans the same way.
+        if (!small && sh != nullptr) {
+            std::lock_guard lock(sh->mutex);
+            if (sh->recent_count != 0 && merge_recent(*sh)) {
+                const detail::free_block b = sh->spans[large_kind].take(size, alignment);
+                if (b.size != 0) {
+                    sh->cached -= b.size;
+                    return reinterpret_cast<void*>(b.address);
+                }
             }
         }
         // 4. Grow (by enough that an aligned block fits whatever the chunk's own alignment).
@@ -598,6 +621,9 @@ private:
                 }
             }
             const unsigned kind = small ? small_kind : large_kind;
+            if (result == nullptr && !small && other.recent_count != 0) {
+                merge_recent(other);
+            }
             if (result == nullptr && other.spans[kind].fits(size, alignment)) {
                 platform_type::wait(stream, other.event);
                 const detail::free_block b = other.spans[kind].take(size, alignment);
@@ -607,6 +633,50 @@ private:
             if (result != nullptr) dependency_waits_.fetch_add(1, std::memory_order_relaxed);
         }
         return result;
+    }
+
+    /// Keeps a large block given back on this shard's stream among its recent blocks (its lock
+    /// held); the oldest recent block moves to the spans when there is no room. Throws bad_alloc
+    /// (from the spans) with the shard unchanged.
+    void keep_recent(shard& sh, const detail::free_block& b) {
+        if (sh.recent_count == sh.recent.size()) {
+            sh.spans[sh.recent[0].kind].insert(sh.recent[0]);
+            std::move(sh.recent.begin() + 1, sh.recent.end(), sh.recent.begin());
+            --sh.recent_count;
+        }
+        sh.recent[sh.recent_count++] = b;
+    }
+
+    /// Takes a recent block of exactly `size` bytes suitably aligned, newest first (lock held).
+    void* take_recent(shard& sh, std::size_t size, std::size_t alignment) noexcept {
+        for (std::size_t i = sh.recent_count; i-- > 0;) {
+            const detail::free_block& b = sh.recent[i];
+            if (b.size == size && (b.address & (alignment - 1)) == 0) {
+                const std::uintptr_t address = b.address;
+                std::move(sh.recent.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                          sh.recent.begin() + static_cast<std::ptrdiff_t>(sh.recent_count),
+                          sh.recent.begin() + static_cast<std::ptrdiff_t>(i));
+                --sh.recent_count;
+                sh.cached -= size;
+                return reinterpret_cast<void*>(address);
+            }
+        }
+        return nullptr;
+    }
+
+    /// Moves every recent block into the spans, coalescing (lock held). True when all moved; a
+    /// bad_alloc leaves the blocks not yet moved among the recent ones.
+    bool merge_recent(shard& sh) noexcept {
+        try {
+            while (sh.recent_count != 0) {
+                const detail::free_block b = sh.recent[sh.recent_count - 1];
+                sh.spans[b.kind].insert(b);
+                --sh.recent_count;
+            }
+            return true;
+        } catch (...) {
+            return false;
+        }
     }
 
     /// Moves a shard's size-class blocks into its large set, coalescing them, when they hold at
@@ -631,13 +701,15 @@ private:
     /// taking anything.
     std::vector<detail::free_block> take_all(shard& sh) {
         std::vector<detail::free_block> blocks;
-        std::size_t count = sh.spans[small_kind].count() + sh.spans[large_kind].count();
+        std::size_t count = sh.spans[small_kind].count() + sh.spans[large_kind].count() + sh.recent_count;
         for (const auto& list : sh.classes) count += list.size();
         blocks.reserve(count);
         for (std::size_t c = 0; c < detail::class_count; ++c) {
             for (std::uintptr_t a : sh.classes[c]) blocks.push_back({a, detail::class_size(c), 0, 0}); // chunk: looked up later
             sh.classes[c].clear();
         }
+        for (std::size_t i = 0; i < sh.recent_count; ++i) blocks.push_back(sh.recent[i]);
+        sh.recent_count = 0;
         for (unsigned kind : {small_kind, large_kind}) {
             sh.spans[kind].drain([&](detail::free_block b) {
                 b.kind = kind;
