@@ -283,8 +283,11 @@ void register_all(bool single_threaded_only) {
     const std::string n = Adapter::name;
     benchmark::RegisterBenchmark(("pair/" + n).c_str(), pair<Adapter>)->RangeMultiplier(8)->Range(64, 64 * MiB);
     benchmark::RegisterBenchmark(("churn/" + n).c_str(), churn<Adapter>);
-    benchmark::RegisterBenchmark(("trace/" + n).c_str(), trace<Adapter, true>)->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark(("trace_unbucketed/" + n).c_str(), trace<Adapter, false>)->Unit(benchmark::kMicrosecond);
+    // A fixed number of steps (10240: 80 requests), so that every resource replays the same
+    // trace and its fragmentation (which depends on the largest request seen) is comparable.
+    benchmark::RegisterBenchmark(("trace/" + n).c_str(), trace<Adapter, true>)->Unit(benchmark::kMicrosecond)->Iterations(10240);
+    benchmark::RegisterBenchmark(("trace_unbucketed/" + n).c_str(), trace<Adapter, false>)
+        ->Unit(benchmark::kMicrosecond)->Iterations(10240);
     if (!single_threaded_only) {
         benchmark::RegisterBenchmark(("pair_mt/" + n).c_str(), pair_mt<Adapter>)
             ->Arg(256)->Arg(64 << 10)->ThreadRange(1, 8)->UseRealTime();

@@ -123,7 +123,8 @@ public:
           device_(upstream_device()), events_(event_device(), options_.initial_events, options_.event_batch),
           table_size_(std::bit_ceil(options_.max_streams * 2)),
           table_(std::make_unique<std::atomic<shard*>[]>(table_size_)),
-          shards_(std::make_unique<std::atomic<shard*>[]>(options_.max_streams)) {
+          shards_(std::make_unique<std::atomic<shard*>[]>(options_.max_streams)),
+          request_limit_(compute_request_limit()) {
         if (options_.initial_size > 0) {
             std::lock_guard lock(shared_mutex_);
             if (!grow_exactly(large_kind, align_up(options_.initial_size, granule))) {
@@ -182,11 +183,17 @@ public:
         if (!is_pow2(alignment) || alignment > max_alignment) [[unlikely]] check_alignment(alignment, max_alignment);
         if (bytes == 0) return nullptr;
         if (platform_type::is_capturing(stream)) throw capture_error(platform_type::stream_key(stream), bytes);
-        if (bytes > request_limit()) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
-        const std::size_t size = detail::block_size(bytes);
+        if (bytes > request_limit_) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
         shard* sh = shard_for(stream);
-        if (sh != nullptr && bytes <= small_threshold) {
-            if (void* p = pop_class(*sh, detail::class_of(bytes), alignment, bytes)) return p;
+        std::size_t size = 0;
+        if (bytes <= small_threshold) {
+            const std::size_t c = detail::class_of(bytes);
+            size = detail::class_size(c);
+            if (sh != nullptr) {
+                if (void* p = pop_class(*sh, c, size, alignment, bytes)) return p;
+            }
+        } else {
+            size = align_up(bytes, granule);
         }
         void* p = allocate_slow(stream, sh, bytes, size, alignment);
         on_allocated_slow(bytes, size);
@@ -198,7 +205,9 @@ public:
     void deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         static_cast<void>(alignment);
         if (ptr == nullptr) return;
-        const std::size_t size = detail::block_size(bytes);
+        const bool small = bytes <= small_threshold;
+        const std::size_t c = small ? detail::class_of(bytes) : 0;
+        const std::size_t size = small ? detail::class_size(c) : align_up(bytes, granule);
         const auto address = reinterpret_cast<std::uintptr_t>(ptr);
         bool capturing = true;
         try {
@@ -220,14 +229,13 @@ public:
             on_deallocated_slow(bytes, size);
             return;
         }
-        const bool small = bytes <= small_threshold;
         const chunk_ref where = small ? chunk_ref{} : chunk_of(address);
         bool stored = false;
         {
             std::lock_guard lock(sh->mutex);
             try {
                 if (small) {
-                    sh->classes[detail::class_of(bytes)].push_back(address);
+                    sh->classes[c].push_back(address);
                 } else {
                     keep_recent(*sh, {address, size, where.base, where.kind});
                 }
@@ -458,7 +466,7 @@ private:
 
     // ---- the fast path ----
 
-    void* pop_class(shard& sh, std::size_t c, std::size_t alignment, std::size_t bytes) {
+    void* pop_class(shard& sh, std::size_t c, std::size_t size, std::size_t alignment, std::size_t bytes) {
         std::uintptr_t address = 0;
         {
             std::lock_guard lock(sh.mutex);
@@ -466,7 +474,6 @@ private:
             if (list.empty() || (alignment > granule && (list.back() & (alignment - 1)) != 0)) return nullptr;
             address = list.back();
             list.pop_back();
-            const std::size_t size = detail::class_size(c);
             sh.cached -= size;
             ++sh.counts.allocations;
             sh.counts.block_bytes += static_cast<std::int64_t>(size);
@@ -904,7 +911,7 @@ private:
         return c;
     }
 
-    [[nodiscard]] std::size_t request_limit() const noexcept {
+    [[nodiscard]] std::size_t compute_request_limit() const noexcept {
         std::size_t limit = std::min(options_.maximum_size, SIZE_MAX / 2);
         if (options_.device_capacity != 0) {
             limit = std::min(limit, options_.device_capacity > options_.device_headroom
@@ -952,6 +959,7 @@ private:
     std::unique_ptr<std::atomic<shard*>[]> shards_;   // shards_[0, shard_count_): every shard, in order met
     std::atomic<std::size_t> shard_count_{0};         // shard_count_ <= max_streams
     std::mutex registry_mutex_;                       // serializes shard creation
+    std::size_t request_limit_;                       // larger requests fail at once (limits, budget)
 
     mutable std::mutex shared_mutex_;
     std::array<detail::free_set, 2> shared_;         // [small_kind], [large_kind]; guarded by shared_mutex_
