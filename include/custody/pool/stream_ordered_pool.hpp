@@ -56,9 +56,10 @@ namespace custody::pool {
 ///
 /// **Sizes.** Every block is a multiple of 256 bytes. Requests up to 1 MiB are rounded up to one of
 /// 144 size classes (at most 6.25% above the request) and served from the calling stream's list
-/// for that class in O(1); larger requests are rounded up to 256 bytes and served by best fit from
-/// the stream's own large spans, then from the shared free set, splitting the block and coalescing
-/// free neighbours when blocks come back (O(log n)). Size-class blocks are carved (best fit) from
+/// for that class in O(1); larger requests are rounded up to 256 bytes and served from the
+/// stream's four most recent large blocks when one has exactly that size (O(1)), else by best fit
+/// from the stream's own large spans, then from the shared free set, splitting the block and
+/// coalescing free neighbours when blocks come back (O(log n)). Size-class blocks are carved (best fit) from
 /// chunks of their own, apart from large blocks. See pool/detail/size_classes.hpp.
 ///
 /// **Stream semantics.** allocate(s, ...) returns memory usable by work enqueued on s after the
