@@ -691,7 +691,9 @@ private:
     /// least `threshold` bytes. True when any moved.
     bool flush_classes(shard& sh, std::size_t threshold) {
         std::lock_guard lock(sh.mutex);
-        if (sh.cached - sh.spans[small_kind].bytes() - sh.spans[large_kind].bytes() < threshold) return false;
+        std::size_t recent = 0;
+        for (std::size_t i = 0; i < sh.recent_count; ++i) recent += sh.recent[i].size;
+        if (sh.cached - sh.spans[small_kind].bytes() - sh.spans[large_kind].bytes() - recent < threshold) return false;
         bool moved = false;
         for (std::size_t c = 0; c < detail::class_count; ++c) {
             auto& list = sh.classes[c];
