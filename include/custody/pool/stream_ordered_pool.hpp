@@ -59,8 +59,8 @@ namespace custody::pool {
 /// for that class in O(1); larger requests are rounded up to 256 bytes and served from the
 /// stream's four most recent large blocks when one has exactly that size (O(1)), else by best fit
 /// from the stream's own large spans, then from the shared free set, splitting the block and
-/// coalescing free neighbours when blocks come back (O(log n)). Size-class blocks are carved (best fit) from
-/// chunks of their own, apart from large blocks. See pool/detail/size_classes.hpp.
+/// coalescing free neighbours when blocks come back (O(log n)). Size-class blocks are carved (best
+/// fit) from chunks of their own, apart from large blocks. See pool/detail/size_classes.hpp.
 ///
 /// **Stream semantics.** allocate(s, ...) returns memory usable by work enqueued on s after the
 /// call. deallocate(s, p, ...) puts p in s's cache and records s's event, so p is reused at once
@@ -76,8 +76,8 @@ namespace custody::pool {
 ///
 /// **Growth and limits.** Chunks come from the upstream through custody::try_allocate on the
 /// default stream: pool_options::initial_size at construction, then chunks of
-/// max(growth_step, reserved / growth_divisor), never beyond maximum_size nor the device budget (device_headroom). trim() gives
-/// back every chunk that is wholly free. Before throwing out_of_memory the pool waits for every
+/// max(growth_step, reserved / growth_divisor), never beyond maximum_size nor the device budget
+/// (device_headroom). trim() gives back every chunk that is wholly free. Before throwing out_of_memory the pool waits for every
 /// stream's event, moves every cached block to the shared set (coalescing across streams), gives
 /// wholly free chunks back to the upstream and retries once; the error then carries live,
 /// reserved, largest free block, free bytes per stream and fragmentation. Live blocks and counters
@@ -230,7 +230,6 @@ public:
             on_deallocated_slow(bytes, size);
             return;
         }
-        const chunk_ref where = small ? chunk_ref{} : chunk_of(address);
         bool stored = false;
         {
             std::lock_guard lock(sh->mutex);
@@ -238,7 +237,7 @@ public:
                 if (small) {
                     sh->classes[c].push_back(address);
                 } else {
-                    keep_recent(*sh, {address, size, where.base, where.kind});
+                    keep_recent(*sh, {address, size, 0, 0}); // its chunk is looked up when it leaves recent[]
                 }
                 stored = true;
                 sh->cached += size;
@@ -648,11 +647,22 @@ private:
     /// (from the spans) with the shard unchanged.
     void keep_recent(shard& sh, const detail::free_block& b) {
         if (sh.recent_count == sh.recent.size()) {
-            sh.spans[sh.recent[0].kind].insert(sh.recent[0]);
+            const detail::free_block oldest = located(sh.recent[0]);
+            sh.spans[oldest.kind].insert(oldest);
             std::move(sh.recent.begin() + 1, sh.recent.end(), sh.recent.begin());
             --sh.recent_count;
         }
         sh.recent[sh.recent_count++] = b;
+    }
+
+    /// `b` with its chunk and kind filled in (a recent block carries none until it leaves recent[]).
+    detail::free_block located(detail::free_block b) const noexcept {
+        if (b.chunk == 0) {
+            const chunk_ref where = chunk_of(b.address);
+            b.chunk = where.base;
+            b.kind = where.kind;
+        }
+        return b;
     }
 
     /// Takes a recent block of exactly `size` bytes suitably aligned, newest first (lock held).
@@ -677,7 +687,7 @@ private:
     bool merge_recent(shard& sh) noexcept {
         try {
             while (sh.recent_count != 0) {
-                const detail::free_block b = sh.recent[sh.recent_count - 1];
+                const detail::free_block b = located(sh.recent[sh.recent_count - 1]);
                 sh.spans[b.kind].insert(b);
                 --sh.recent_count;
             }
