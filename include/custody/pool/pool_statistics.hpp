@@ -19,8 +19,7 @@ struct stream_free_bytes {
     friend bool operator==(const stream_free_bytes&, const stream_free_bytes&) = default;
 };
 
-/// A snapshot of a pool. A plain value. Exact when no call is in flight; the peak of the live
-/// bytes is exact when calls do not overlap (see docs/pool.md).
+/// A snapshot of a pool. A plain value.
 ///
 /// Accounting identity, exact whenever no call is in flight:
 ///   totals.reserved_bytes = live_block_bytes + stream_cached_bytes + shared_free_bytes

@@ -246,9 +246,8 @@ public:
             if (stored) record_noexcept(*sh, stream);
             ++sh->counts.deallocations;
             sh->counts.block_bytes -= static_cast<std::int64_t>(size);
-            sh->live.store(sh->live.load(std::memory_order_relaxed) - static_cast<std::int64_t>(bytes),
-                           std::memory_order_relaxed);
         }
+        live_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
         if (!stored) lose(size);
     }
 
@@ -270,7 +269,7 @@ public:
             std::lock_guard lock(sh.mutex);
             c += sh.counts;
         });
-        s.live_bytes = live_bytes();
+        s.live_bytes = live_bytes_.load(std::memory_order_relaxed);
         s.peak_live_bytes = peak_live_bytes_.load(std::memory_order_relaxed);
         s.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
         s.peak_reserved_bytes = peak_reserved_bytes_.load(std::memory_order_relaxed);
@@ -309,7 +308,7 @@ public:
             p.chunks = chunks_.size();
             p.quarantined_bytes = quarantined_bytes_.load(std::memory_order_relaxed);
         }
-        p.totals.live_bytes = live_bytes();
+        p.totals.live_bytes = live_bytes_.load(std::memory_order_relaxed);
         p.totals.peak_live_bytes = peak_live_bytes_.load(std::memory_order_relaxed);
         p.totals.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
         p.totals.peak_reserved_bytes = peak_reserved_bytes_.load(std::memory_order_relaxed);
@@ -390,9 +389,6 @@ private:
         event_type event;
         std::size_t cached = 0;
         counters counts;
-        /// Requested bytes allocated on this stream's fast path minus those given back on it (may
-        /// be < 0). Written under mutex, read without it by live_bytes().
-        std::atomic<std::int64_t> live{0};
         std::array<std::vector<std::uintptr_t>, detail::class_count> classes; ///< classes[c]: free blocks of class_size(c)
         /// spans[small_kind]: class blocks merged (flush_classes); spans[large_kind]: blocks above small_threshold
         std::array<detail::free_set, 2> spans;
@@ -481,10 +477,8 @@ private:
             sh.cached -= size;
             ++sh.counts.allocations;
             sh.counts.block_bytes += static_cast<std::int64_t>(size);
-            sh.live.store(sh.live.load(std::memory_order_relaxed) + static_cast<std::int64_t>(bytes),
-                          std::memory_order_relaxed);
         }
-        raise(peak_live_bytes_, live_bytes());
+        raise_live(bytes);
         return reinterpret_cast<void*>(address);
     }
 
@@ -909,26 +903,18 @@ private:
         while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
         }
     }
-    /// Bytes live: every shard's count plus the slow paths'. Exact when no call is in flight; read
-    /// at each allocation for the peak, so the peak is exact whenever calls do not overlap, and
-    /// within the sizes of the calls in flight otherwise. (A single counter written by every call
-    /// would be exact always, but made eight threads slower together than one alone.)
-    [[nodiscard]] std::size_t live_bytes() const noexcept {
-        std::int64_t total = slow_live_bytes_.load(std::memory_order_relaxed);
-        const std::size_t n = shard_count_.load(std::memory_order_acquire);
-        for (std::size_t i = 0; i < n; ++i) total += shards_[i].load(std::memory_order_acquire)->live.load(std::memory_order_relaxed);
-        return total > 0 ? static_cast<std::size_t>(total) : 0;
+    void raise_live(std::size_t bytes) noexcept {
+        raise(peak_live_bytes_, live_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
     }
     void on_allocated_slow(std::size_t bytes, std::size_t size) noexcept {
         slow_allocations_.fetch_add(1, std::memory_order_relaxed);
         slow_block_bytes_.fetch_add(static_cast<std::int64_t>(size), std::memory_order_relaxed);
-        slow_live_bytes_.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
-        raise(peak_live_bytes_, live_bytes());
+        raise_live(bytes);
     }
     void on_deallocated_slow(std::size_t bytes, std::size_t size) noexcept {
         slow_deallocations_.fetch_add(1, std::memory_order_relaxed);
         slow_block_bytes_.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
-        slow_live_bytes_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+        live_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
     }
     counters slow_counts() const noexcept {
         counters c;
@@ -996,8 +982,7 @@ private:
 
     // reserved_bytes_ = sum of chunks_ sizes
     //                 = live block bytes + per-stream cached + shared_[*].bytes() + quarantined_bytes_
-    // live bytes = slow_live_bytes_ + sum over shards of shard::live (see live_bytes())
-    alignas(64) std::atomic<std::int64_t> slow_live_bytes_{0};
+    alignas(64) std::atomic<std::size_t> live_bytes_{0};
     std::atomic<std::size_t> peak_live_bytes_{0};
     alignas(64) std::atomic<std::size_t> reserved_bytes_{0};
     std::atomic<std::size_t> peak_reserved_bytes_{0};
