@@ -5,7 +5,7 @@
 #include <custody/platform/cuda.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 
-#include "../../tests/pool/cuda_device_memory.hpp"
+#include <custody/resource/cuda_malloc.hpp>
 
 #include <benchmark/benchmark.h>
 #include <cub/util_allocator.cuh>
@@ -25,7 +25,7 @@ custody::cuda::stream& bench_stream() {
 }
 
 void pair_pool(benchmark::State& state) {
-    custody::pool::stream_ordered_pool<custody::test::cuda_device_memory> pool(custody::pool::pool_options{}, 0);
+    custody::pool::stream_ordered_pool<custody::resource::cuda_malloc> pool(custody::pool::pool_options{}, 0);
     const auto n = static_cast<std::size_t>(state.range(0));
     const auto s = bench_stream().view();
     pool.deallocate(s, pool.allocate(s, n, 256), n, 256);

@@ -5,7 +5,7 @@
 #include <custody/pool/cuda_memory_info.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 
-#include "cuda_device_memory.hpp"
+#include <custody/resource/cuda_malloc.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -17,7 +17,7 @@
 using custody::cuda::platform;
 using custody::pool::pool_options;
 using custody::pool::stream_ordered_pool;
-using pool_type = stream_ordered_pool<custody::test::cuda_device_memory>;
+using pool_type = stream_ordered_pool<custody::resource::cuda_malloc>;
 
 static_assert(custody::stream_ordered_resource<pool_type>);
 static_assert(custody::resource_with_statistics<pool_type>);

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <new>
 #include <optional>
 
 namespace custody::pool {
@@ -18,15 +19,14 @@ namespace custody::pool {
 /// Thread-safe. Costs a driver call: the pool calls it only when it grows.
 inline std::optional<device_memory> cuda_memory_info(int device) noexcept {
     std::optional<device_memory> result;
-    cuda::detail::on_device_noexcept(device, [&] {
-        std::size_t free = 0;
-        std::size_t total = 0;
-        if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
-            result = device_memory{free, total};
-        } else {
-            static_cast<void>(cudaGetLastError());
-        }
-    });
+    cuda::device_guard guard(device, std::nothrow);
+    std::size_t free = 0;
+    std::size_t total = 0;
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+        result = device_memory{free, total};
+    } else {
+        static_cast<void>(cudaGetLastError());
+    }
     return result;
 }
 
