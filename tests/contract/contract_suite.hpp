@@ -6,6 +6,9 @@
 //   static std::unique_ptr<R> make();           a fresh instance
 //   static constexpr std::size_t max_alignment; the largest alignment R accepts
 //   static constexpr bool exhaustible;          a 1 PiB request must fail (true for every leaf)
+//   static constexpr bool blocking_free;        optional: deallocate on a stream waits for the stream
+//                                               (cudaFree does), so a stream cannot be held busy
+//                                               across it; the ordering check then runs unheld
 //
 // Every check goes through the platform's copies, so it holds for device memory too.
 #pragma once
@@ -49,6 +52,15 @@ bool holds(const void* p, std::size_t n, unsigned char value, typename R::stream
         if (c != value) return false;
     return true;
 }
+
+template <class Case>
+inline constexpr bool blocking_free = [] {
+    if constexpr (requires { Case::blocking_free; }) {
+        return Case::blocking_free;
+    } else {
+        return false;
+    }
+}();
 
 inline constexpr std::size_t absurd_size = std::size_t{1} << 50; // 1 PiB: no machine has it
 
@@ -214,6 +226,7 @@ TEMPLATE_LIST_TEST_CASE("contract: memory given back on a busy stream is reused 
         {
             custody::test::stream_gate<P> gate(s); // s is now busy until the gate opens
             P::memset_async(p, 0xAA, n, s);        // pending work that still uses p
+            if constexpr (custody::test::blocking_free<TestType>) gate.open();
             r->deallocate(s, p, n, 256);           // given back while that work is pending
             void* q = r->allocate(s, n, 256);      // may be p again
             P::memset_async(q, 0x55, n, s);        // ordered after the pending work

@@ -2,6 +2,8 @@
 // host-platform resource.
 #pragma once
 
+#include <custody/debug/tracking_resource.hpp>
+#include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
 #include <custody/resource/virtual_device_memory.hpp>
@@ -33,6 +35,42 @@ struct fault_injecting_case {
     static constexpr bool exhaustible = true;
 };
 
-using host_contract_cases = std::tuple<host_memory_case, virtual_device_memory_case, fault_injecting_case>;
+/// The tracking resource with everything on (canaries, poison, stream and device checks) over
+/// host memory; a violation would throw from the next call and fail the suite.
+struct tracking_host_memory_case {
+    using resource = custody::debug::tracking_resource<custody::resource::host_memory>;
+    static std::unique_ptr<resource> make() {
+        custody::debug::tracking_options o;
+        o.name = "contract";
+        o.rank = custody::debug::rank_info{};
+        return std::make_unique<resource>(o);
+    }
+    static constexpr std::size_t max_alignment = custody::resource::host_memory::max_alignment;
+    static constexpr bool exhaustible = true;
+};
+
+struct pool_over_host_memory_case {
+    using resource = custody::pool::stream_ordered_pool<custody::resource::host_memory>;
+    static std::unique_ptr<resource> make() { return std::make_unique<resource>(custody::pool::pool_options{}); }
+    static constexpr std::size_t max_alignment = resource::max_alignment;
+    static constexpr bool exhaustible = true;
+};
+
+struct pool_over_virtual_device_memory_case {
+    using resource = custody::pool::stream_ordered_pool<custody::resource::virtual_device_memory>;
+    static std::unique_ptr<resource> make() {
+        custody::pool::pool_options options;
+        options.growth_step = std::size_t{1} << 20; // several chunks in play even in short tests
+        // The suite's streams are made on the current device (0): a pool takes only streams of its
+        // own device, as events of one CUDA device cannot be recorded on another's streams.
+        return std::make_unique<resource>(options, 0, std::size_t{1} << 30);
+    }
+    static constexpr std::size_t max_alignment = resource::max_alignment;
+    static constexpr bool exhaustible = true;
+};
+
+using host_contract_cases = std::tuple<host_memory_case, virtual_device_memory_case, fault_injecting_case,
+                                       tracking_host_memory_case, pool_over_host_memory_case,
+                                       pool_over_virtual_device_memory_case>;
 
 } // namespace custody::test

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <string_view>
 #include <utility>
 
@@ -33,32 +34,6 @@ namespace custody::cuda {
     CUSTODY_CUDA_TRY(cudaGetDevice(&device));
     return device;
 }
-
-namespace detail {
-
-/// Runs `f` with `device` current and restores the caller's device; for destructors and
-/// deallocate, which must not throw. If the device cannot be made current, `f` does not run and
-/// the failure is reported (the process is most likely exiting).
-template <class F>
-void on_device_noexcept(int device, F&& f) noexcept {
-    int previous = 0;
-    if (cudaGetDevice(&previous) != cudaSuccess) {
-        static_cast<void>(cudaGetLastError());
-        return;
-    }
-    if (device >= 0 && previous != device) {
-        const cudaError_t status = cudaSetDevice(device);
-        if (status != cudaSuccess) {
-            static_cast<void>(cudaGetLastError());
-            if (status != cudaErrorCudartUnloading) report_noexcept_failure("cudaSetDevice", cudaGetErrorName(status));
-            return;
-        }
-    }
-    f();
-    if (device >= 0 && previous != device) static_cast<void>(cudaSetDevice(previous));
-}
-
-} // namespace detail
 
 struct platform;
 
@@ -195,7 +170,8 @@ inline stream::stream(int device) : device_(device) {
 
 inline void stream::reset() noexcept {
     if (handle_ == nullptr) return;
-    detail::on_device_noexcept(device_, [&] { CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaStreamDestroy(handle_)); });
+    device_guard guard(device_, std::nothrow);
+    CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaStreamDestroy(handle_));
     handle_ = nullptr;
 }
 
@@ -206,7 +182,8 @@ inline event::event(int device) : device_(device) {
 
 inline void event::reset() noexcept {
     if (handle_ == nullptr) return;
-    detail::on_device_noexcept(device_, [&] { CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaEventDestroy(handle_)); });
+    device_guard guard(device_, std::nothrow);
+    CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaEventDestroy(handle_));
     handle_ = nullptr;
 }
 

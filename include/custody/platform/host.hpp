@@ -222,6 +222,8 @@ public:
         if (s.is_default()) {
             state_.reset();
             ticket_ = 0;
+        } else if (state_.get() == s.state()) {
+            ticket_ = state_->mark(); // re-recorded on the same stream: no reference-count traffic
         } else {
             state_ = s.state()->shared_from_this();
             ticket_ = state_->mark();

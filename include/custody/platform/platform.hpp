@@ -11,7 +11,8 @@
 ///   P::name                 "cuda" or "host"
 ///   P::device_count()       number of devices
 ///   P::current_device()     this thread's current device
-///   P::set_device(d)        makes d this thread's current device
+///   P::set_device(d)        makes d this thread's current device (throws if it cannot)
+///   P::set_device_noexcept(d)   the same for destructors: reports a failure instead of throwing
 ///   P::stream_key(s)        an integer that identifies s among live streams (per-stream maps)
 ///   P::stream_device(s)     the device s belongs to
 ///   P::synchronize(s)       blocks until all work enqueued on s so far has finished
@@ -30,6 +31,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <string_view>
 #include <type_traits>
 
@@ -47,6 +49,7 @@ concept platform = requires(typename P::stream_view s, typename P::event& e, con
     { P::device_count() } -> std::same_as<int>;
     { P::current_device() } -> std::same_as<int>;
     P::set_device(device);
+    P::set_device_noexcept(device);
     { P::stream_key(s) } -> std::same_as<std::uintptr_t>;
     { P::stream_device(s) } -> std::same_as<int>;
     P::synchronize(s);
@@ -71,6 +74,14 @@ public:
             switched_ = true;
         }
     }
+    /// For destructors and deallocate: never throws; if `device` cannot be made current, the
+    /// failure is reported and the caller's device stays current.
+    basic_device_guard(int device, std::nothrow_t) noexcept : previous_(current_or_negative()) {
+        if (device >= 0 && previous_ >= 0 && device != previous_) {
+            Platform::set_device_noexcept(device);
+            switched_ = true;
+        }
+    }
     ~basic_device_guard() {
         if (switched_) Platform::set_device_noexcept(previous_);
     }
@@ -78,6 +89,14 @@ public:
     basic_device_guard& operator=(const basic_device_guard&) = delete;
 
 private:
+    static int current_or_negative() noexcept {
+        try {
+            return Platform::current_device();
+        } catch (...) {
+            return -1;
+        }
+    }
+
     int previous_;
     bool switched_ = false;
 };

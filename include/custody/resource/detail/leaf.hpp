@@ -16,14 +16,15 @@ namespace custody::resource::detail {
 ///
 ///   static constexpr const char* name;            for messages
 ///   static constexpr std::size_t max_alignment;   largest alignment it accepts
-///   void* raw_allocate(stream_type, bytes, alignment) noexcept   nullptr when exhausted
+///   void* raw_allocate(stream_type, bytes, alignment)              nullptr when exhausted
 ///   void  raw_deallocate(stream_type, ptr, bytes, alignment) noexcept
-///   void* raw_allocate_sync(bytes, alignment) noexcept            nullptr when exhausted
+///   void* raw_allocate_sync(bytes, alignment)                      nullptr when exhausted
 ///   void  raw_deallocate_sync(ptr, bytes, alignment) noexcept
 ///
 /// Raw functions run under the resource's device (the derived class guards), see only bytes > 0,
-/// valid alignments and non-null pointers, and must leave nothing behind when they return nullptr.
-/// Failures other than exhaustion (a broken driver) are reported, and the raw call returns nullptr.
+/// valid alignments and non-null pointers, and leave nothing behind when they return nullptr or
+/// throw. Exhaustion is nullptr; any other failure (a broken driver) throws custody::cuda_error,
+/// which try_allocate turns into nullptr.
 ///
 /// Thread safety: as Derived's raw functions; the statistics are lock-free and exact.
 /// Equality: two leaves are equal when they are the same object, or when `Derived::interchangeable`
@@ -47,7 +48,12 @@ public:
     /// alignment passed check_alignment.
     [[nodiscard]] void* try_allocate(stream_type stream, std::size_t bytes, std::size_t alignment) noexcept {
         if (bytes == 0 || alignment > Derived::max_alignment) return nullptr;
-        void* ptr = self().raw_allocate(stream, bytes, alignment);
+        void* ptr = nullptr;
+        try {
+            ptr = self().raw_allocate(stream, bytes, alignment);
+        } catch (...) {
+            return nullptr;
+        }
         if (ptr != nullptr) stats_.on_allocate(bytes, bytes);
         return ptr;
     }

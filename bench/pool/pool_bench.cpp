@@ -1,0 +1,310 @@
+// The stream-ordered pool against its peers on the host platform, side by side in one run:
+// glibc malloc, std::pmr::unsynchronized_pool_resource and std::pmr::synchronized_pool_resource,
+// the pmr pools and custody's pool drawing from the same upstream (custody::resource::host_memory).
+//
+// Names are <scenario>/<resource>/<args>:
+//   pair/*/<bytes>          one allocate + free, 64 B .. 64 MiB, single thread
+//   pair_mt/*/<bytes>       the same from 1..8 threads on one shared resource (each thread its own stream)
+//   churn/*                 random sizes (log-uniform 64 B .. 4 MiB) replacing a window of 256 live blocks
+//   churn_mt/*              the same from 1..8 threads
+//   trace/*                 an inference-like step: per-layer activations allocated and freed, a KV
+//                           cache that grows every step and is released when the request ends;
+//                           batch sizes padded to CUDA-graph buckets; counter `fragmentation` =
+//                           peak reserved / peak live (malloc: not observable, 0)
+//   trace_unbucketed/*      the same with every batch size 1..64
+// No memory is touched: the figures are the allocators' own costs.
+#include <custody/platform/host.hpp>
+#include <custody/pool/stream_ordered_pool.hpp>
+#include <custody/resource/host_memory.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <memory_resource>
+#include <random>
+#include <vector>
+
+namespace {
+
+using pool_type = custody::pool::stream_ordered_pool<custody::resource::host_memory>;
+constexpr std::size_t alignment = 256;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+/// The pmr pools' upstream: aligned operator new (what custody::resource::host_memory is), with the bytes it holds counted so that
+/// a pmr pool's reserve can be compared with custody's pool's.
+class counting_upstream final : public std::pmr::memory_resource {
+public:
+    std::size_t peak() const noexcept { return peak_.load(); }
+
+private:
+    void* do_allocate(std::size_t bytes, std::size_t align) override {
+        // pmr pools ask for chunks aligned to their block size, beyond host_memory's page maximum:
+        // the same aligned operator new host_memory uses, called directly for those.
+        void* p = ::operator new(bytes, std::align_val_t{std::max(align, alignment)});
+        const std::size_t now = held_.fetch_add(bytes) + bytes;
+        std::size_t seen = peak_.load();
+        while (seen < now && !peak_.compare_exchange_weak(seen, now)) {
+        }
+        return p;
+    }
+    void do_deallocate(void* p, std::size_t bytes, std::size_t align) override {
+        ::operator delete(p, std::align_val_t{std::max(align, alignment)});
+        held_.fetch_sub(bytes);
+    }
+    bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override { return this == &other; }
+
+    std::atomic<std::size_t> held_{0};
+    std::atomic<std::size_t> peak_{0};
+};
+
+std::pmr::pool_options pmr_options() {
+    std::pmr::pool_options o;
+    o.largest_required_pool_block = custody::pool::detail::small_threshold; // the same threshold as custody's pool
+    return o;
+}
+
+/// One streams per benchmark thread, shared by every benchmark (host streams are worker threads).
+custody::host::stream_view stream_of(int thread) {
+    static std::vector<custody::host::stream> streams = [] {
+        std::vector<custody::host::stream> v;
+        for (int i = 0; i < 8; ++i) v.emplace_back(0);
+        return v;
+    }();
+    return streams[static_cast<std::size_t>(thread) % streams.size()].view();
+}
+
+// ---- the resources, behind one small interface each --------------------------------------------
+
+struct pool_adapter {
+    static constexpr const char* name = "pool";
+    pool_type pool{custody::pool::pool_options{}};
+    custody::host::stream_view stream;
+    explicit pool_adapter(int thread = 0) : stream(stream_of(thread)) {}
+    void* allocate(std::size_t n) { return pool.allocate(stream, n, alignment); }
+    void deallocate(void* p, std::size_t n) { pool.deallocate(stream, p, n, alignment); }
+    double fragmentation(std::size_t) const { return pool.detailed_statistics().fragmentation(); }
+};
+
+struct malloc_adapter {
+    static constexpr const char* name = "malloc";
+    explicit malloc_adapter(int = 0) {}
+    void* allocate(std::size_t n) { return std::malloc(n); }
+    void deallocate(void* p, std::size_t) { std::free(p); }
+    double fragmentation(std::size_t) const { return 0.0; } // not observable
+};
+
+template <class PmrPool, const char* Name>
+struct pmr_adapter {
+    static constexpr const char* name = Name;
+    counting_upstream upstream;
+    PmrPool pool{pmr_options(), &upstream};
+    explicit pmr_adapter(int = 0) {}
+    void* allocate(std::size_t n) { return pool.allocate(n, alignment); }
+    void deallocate(void* p, std::size_t n) { pool.deallocate(p, n, alignment); }
+    double fragmentation(std::size_t peak_live) const {
+        return peak_live == 0 ? 0.0 : static_cast<double>(upstream.peak()) / static_cast<double>(peak_live);
+    }
+};
+
+constexpr char unsync_name[] = "pmr_unsync";
+constexpr char sync_name[] = "pmr_sync";
+using pmr_unsync_adapter = pmr_adapter<std::pmr::unsynchronized_pool_resource, unsync_name>;
+using pmr_sync_adapter = pmr_adapter<std::pmr::synchronized_pool_resource, sync_name>;
+
+/// One resource shared by every thread of a multi-threaded benchmark, built once.
+template <class Adapter>
+Adapter& shared_instance() {
+    static Adapter instance;
+    return instance;
+}
+
+// ---- scenarios -----------------------------------------------------------------------------------
+
+template <class Adapter>
+void pair(benchmark::State& state) {
+    Adapter r;
+    const auto n = static_cast<std::size_t>(state.range(0));
+    r.deallocate(r.allocate(n), n); // warm: the first growth is not what is measured
+    for (auto _ : state) {
+        void* p = r.allocate(n);
+        benchmark::DoNotOptimize(p);
+        r.deallocate(p, n);
+    }
+    state.SetItemsProcessed(state.iterations());
+}
+
+/// Multi-threaded pairs: the pool is shared; each thread uses its own stream.
+template <class Adapter>
+void pair_mt(benchmark::State& state) {
+    auto& r = shared_instance<Adapter>();
+    const auto n = static_cast<std::size_t>(state.range(0));
+    const auto stream = stream_of(state.thread_index());
+    for (auto _ : state) {
+        void* p;
+        if constexpr (std::is_same_v<Adapter, pool_adapter>) {
+            p = r.pool.allocate(stream, n, alignment);
+            benchmark::DoNotOptimize(p);
+            r.pool.deallocate(stream, p, n, alignment);
+        } else {
+            p = r.allocate(n);
+            benchmark::DoNotOptimize(p);
+            r.deallocate(p, n);
+        }
+    }
+    state.SetItemsProcessed(state.iterations());
+}
+
+/// Sizes log-uniform in [64 B, 4 MiB], a fixed seeded sequence.
+std::vector<std::size_t> churn_sizes(unsigned seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> exponent(6.0, 22.0);
+    std::vector<std::size_t> v(1 << 14);
+    for (auto& n : v) n = static_cast<std::size_t>(std::exp2(exponent(rng)));
+    return v;
+}
+
+template <class Adapter>
+void churn_loop(benchmark::State& state, Adapter& r, custody::host::stream_view stream, unsigned seed) {
+    const auto sizes = churn_sizes(seed);
+    constexpr std::size_t window = 256;
+    std::vector<std::pair<void*, std::size_t>> live(window, {nullptr, 0});
+    auto allocate = [&](std::size_t n) -> void* {
+        if constexpr (std::is_same_v<Adapter, pool_adapter>) return r.pool.allocate(stream, n, alignment);
+        else return r.allocate(n);
+    };
+    auto deallocate = [&](void* p, std::size_t n) {
+        if constexpr (std::is_same_v<Adapter, pool_adapter>) r.pool.deallocate(stream, p, n, alignment);
+        else r.deallocate(p, n);
+    };
+    std::size_t i = 0;
+    for (auto _ : state) {
+        auto& slot = live[(i * 7919) % window];
+        if (slot.first != nullptr) deallocate(slot.first, slot.second);
+        const std::size_t n = sizes[i % sizes.size()];
+        slot = {allocate(n), n};
+        ++i;
+    }
+    for (auto& [p, n] : live)
+        if (p != nullptr) deallocate(p, n);
+    if constexpr (std::is_same_v<Adapter, pool_adapter>) {
+        const auto p = r.pool.detailed_statistics();
+        state.counters["fast_path_share"] =
+            static_cast<double>(p.fast_allocations) / static_cast<double>(std::max<std::uint64_t>(p.totals.allocations, 1));
+        state.counters["reclaims"] = static_cast<double>(p.reclaims);
+    }
+    state.SetItemsProcessed(state.iterations());
+}
+
+template <class Adapter>
+void churn(benchmark::State& state) {
+    Adapter r;
+    churn_loop(state, r, stream_of(0), 42);
+}
+
+template <class Adapter>
+void churn_mt(benchmark::State& state) {
+    churn_loop(state, shared_instance<Adapter>(), stream_of(state.thread_index()),
+               42u + static_cast<unsigned>(state.thread_index()));
+}
+
+/// An inference-like workload. One iteration is one decoding step of a batch of `tokens` through
+/// 16 layers: each layer allocates its q/k/v, attention output and MLP activations (the MLP's are
+/// above 1 MiB for large batches) and frees them before the next layer, keeping its output for the
+/// next; each layer's KV cache grows by a page of tokens x 4 KiB per step; every 128 steps the
+/// request ends and the whole KV cache is freed. `bucketed`: batch sizes are padded to the CUDA
+/// graph sizes inference engines capture (1, 2, 4, 8, 16, 32, 48, 64), drawn by a seeded RNG;
+/// otherwise every batch size 1..64 occurs (a harder case for size-class caches).
+template <class Adapter, bool bucketed>
+void trace(benchmark::State& state) {
+    Adapter r;
+    constexpr int layers = 16;
+    constexpr std::size_t hidden = 4096, intermediate = 11008, element = 2;
+    constexpr std::size_t buckets[] = {1, 2, 4, 8, 16, 32, 48, 64};
+    std::mt19937 rng(2024);
+    std::vector<std::pair<void*, std::size_t>> kv;
+    kv.reserve(layers * 128);
+    std::size_t live = 0, peak = 0, step = 0;
+    auto take = [&](std::size_t n) {
+        live += n;
+        peak = std::max(peak, live);
+        return r.allocate(n);
+    };
+    auto give = [&](void* p, std::size_t n) {
+        live -= n;
+        r.deallocate(p, n);
+    };
+    for (auto _ : state) {
+        const std::size_t tokens = bucketed ? buckets[rng() % 8] : 1 + rng() % 64;
+        const std::size_t x_bytes = tokens * hidden * element;
+        std::pair<void*, std::size_t> x{take(x_bytes), x_bytes};
+        for (int l = 0; l < layers; ++l) {
+            void* q = take(x_bytes);
+            void* k = take(x_bytes / 4); // grouped-query attention: 8 of 32 heads for k and v
+            void* v = take(x_bytes / 4);
+            void* attn = take(x_bytes);
+            const std::size_t up_bytes = tokens * intermediate * element;
+            void* gate = take(up_bytes);
+            void* up = take(up_bytes);
+            give(q, x_bytes);
+            give(k, x_bytes / 4);
+            give(v, x_bytes / 4);
+            const std::size_t page = tokens * 4096; // this step's K and V for this layer
+            kv.emplace_back(take(page), page);
+            give(gate, up_bytes);
+            give(up, up_bytes);
+            std::pair<void*, std::size_t> out{take(x_bytes), x_bytes};
+            give(attn, x_bytes);
+            give(x.first, x.second);
+            x = out;
+        }
+        give(x.first, x.second);
+        if (++step % 128 == 0) {
+            for (auto [p, n] : kv) give(p, n);
+            kv.clear();
+        }
+    }
+    for (auto [p, n] : kv) give(p, n);
+    state.counters["fragmentation"] = r.fragmentation(peak);
+    if constexpr (std::is_same_v<Adapter, pool_adapter>) {
+        const auto p = r.pool.detailed_statistics();
+        state.counters["fast_path_share"] =
+            static_cast<double>(p.fast_allocations) / static_cast<double>(std::max<std::uint64_t>(p.totals.allocations, 1));
+    }
+    state.counters["peak_live_MiB"] = static_cast<double>(peak) / MiB;
+    state.SetItemsProcessed(state.iterations());
+}
+
+template <class Adapter>
+void register_all(bool single_threaded_only) {
+    const std::string n = Adapter::name;
+    benchmark::RegisterBenchmark(("pair/" + n).c_str(), pair<Adapter>)->RangeMultiplier(8)->Range(64, 64 * MiB);
+    benchmark::RegisterBenchmark(("churn/" + n).c_str(), churn<Adapter>);
+    // A fixed number of steps (10240: 80 requests), so that every resource replays the same
+    // trace and its fragmentation (which depends on the largest request seen) is comparable.
+    benchmark::RegisterBenchmark(("trace/" + n).c_str(), trace<Adapter, true>)->Unit(benchmark::kMicrosecond)->Iterations(10240);
+    benchmark::RegisterBenchmark(("trace_unbucketed/" + n).c_str(), trace<Adapter, false>)
+        ->Unit(benchmark::kMicrosecond)->Iterations(10240);
+    if (!single_threaded_only) {
+        benchmark::RegisterBenchmark(("pair_mt/" + n).c_str(), pair_mt<Adapter>)
+            ->Arg(256)->Arg(64 << 10)->ThreadRange(1, 8)->UseRealTime();
+        benchmark::RegisterBenchmark(("churn_mt/" + n).c_str(), churn_mt<Adapter>)->ThreadRange(1, 8)->UseRealTime();
+    }
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    register_all<pool_adapter>(false);
+    register_all<malloc_adapter>(false);
+    register_all<pmr_unsync_adapter>(true); // not thread-safe: single thread only
+    register_all<pmr_sync_adapter>(false);
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+}

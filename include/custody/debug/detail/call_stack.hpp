@@ -1,0 +1,104 @@
+/// @file
+/// A call stack captured cheaply into a fixed array (glibc's backtrace), symbolized only when a
+/// report is written (backtrace_symbols).
+#pragma once
+
+#include <cxxabi.h>
+#include <execinfo.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace custody::debug::detail {
+
+/// The return addresses of one call stack, innermost first.
+/// Invariant: depth <= frames.size(); frames[depth..] are null.
+struct call_stack {
+    static constexpr int max_depth = 16;
+    std::array<void*, max_depth> frames{};
+    int depth = 0;
+
+    [[nodiscard]] bool empty() const noexcept { return depth == 0; }
+
+    /// Captures the caller's stack, dropping the `skip` innermost frames (1: this function).
+    /// Not inlined, so the count is the same at every optimization level. Function names need the
+    /// program linked with -rdynamic; otherwise frames read "binary(+offset)" (see addr2line).
+    /// Not async-signal-safe on first use (glibc loads libgcc lazily); allocation-free afterwards.
+    [[gnu::noinline]] static call_stack capture(int skip) noexcept {
+        std::array<void*, max_depth + 8> raw{};
+        const int n = ::backtrace(raw.data(), static_cast<int>(raw.size()));
+        call_stack s;
+        const int first = std::min(skip, n);
+        s.depth = std::min(n - first, max_depth);
+        std::copy_n(raw.begin() + first, s.depth, s.frames.begin());
+        return s;
+    }
+
+    /// One line per frame ("binary(function+0x1f) [0x...]"). Allocates; for reports only.
+    [[nodiscard]] std::vector<std::string> symbolize() const {
+        std::vector<std::string> lines;
+        if (depth == 0) return lines;
+        char** symbols = ::backtrace_symbols(frames.data(), depth);
+        lines.reserve(static_cast<std::size_t>(depth));
+        for (int i = 0; i < depth; ++i) {
+            lines.push_back(symbols != nullptr ? demangle(symbols[i]) : hex(frames[static_cast<std::size_t>(i)]));
+        }
+        std::free(static_cast<void*>(symbols)); // NOLINT: backtrace_symbols returns one malloc'ed block
+        return lines;
+    }
+
+    /// "bin(_ZN3foo3barEv+0x1f) [0x..]" -> "bin(foo::bar()+0x1f) [0x..]"; other text unchanged.
+    static std::string demangle(const std::string& line) {
+        const auto open = line.find('(');
+        const auto plus = line.find('+', open == std::string::npos ? 0 : open);
+        if (open == std::string::npos || plus == std::string::npos || plus == open + 1) return line;
+        const std::string mangled = line.substr(open + 1, plus - open - 1);
+        int status = -1;
+        char* name = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+        if (status != 0 || name == nullptr) {
+            std::free(name); // NOLINT: __cxa_demangle allocates with malloc
+            return line;
+        }
+        std::string out = line.substr(0, open + 1) + name + line.substr(plus);
+        std::free(name); // NOLINT
+        return out;
+    }
+
+    static std::string hex(const void* p) {
+        static constexpr char digits[] = "0123456789abcdef";
+        auto v = reinterpret_cast<std::uintptr_t>(p);
+        std::string out = "0x";
+        bool started = false;
+        for (int shift = static_cast<int>(sizeof v * 8) - 4; shift >= 0; shift -= 4) {
+            const auto d = static_cast<unsigned>((v >> shift) & 0xF);
+            if (d != 0 || started || shift == 0) {
+                out += digits[d];
+                started = true;
+            }
+        }
+        return out;
+    }
+
+    friend bool operator==(const call_stack& a, const call_stack& b) noexcept {
+        return a.depth == b.depth && std::equal(a.frames.begin(), a.frames.begin() + a.depth, b.frames.begin());
+    }
+};
+
+/// Hash of a call stack, for grouping.
+struct call_stack_hash {
+    std::size_t operator()(const call_stack& s) const noexcept {
+        std::size_t h = static_cast<std::size_t>(s.depth);
+        for (int i = 0; i < s.depth; ++i) {
+            h ^= std::hash<const void*>{}(s.frames[static_cast<std::size_t>(i)]) + 0x9e3779b97f4a7c15ULL + (h << 6) +
+                 (h >> 2);
+        }
+        return h;
+    }
+};
+
+} // namespace custody::debug::detail

@@ -1,0 +1,392 @@
+/// @file
+/// Writes a rank_report as JSON (the schema is docs/debug-report-schema.json) and reads one back,
+/// with typed errors for a report that is missing, truncated or not a custody report.
+#pragma once
+
+#include <custody/core/error.hpp>
+#include <custody/debug/detail/json.hpp>
+#include <custody/debug/report.hpp>
+
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace custody::debug {
+
+/// The schema name and version every report carries; a reader accepts only this version.
+inline constexpr std::string_view report_schema = "custody.debug.rank_report";
+inline constexpr int report_version = 1;
+
+/// A report could not be read or does not fit with the others.
+class report_error : public custody::error {
+public:
+    enum class reason {
+        missing,   ///< the file does not exist or cannot be read
+        truncated, ///< the JSON ends early (a crash or a full disk while writing)
+        malformed, ///< not JSON, or JSON that is not a custody rank report of this version
+        mismatched ///< valid on its own, but inconsistent with the other reports
+    };
+    report_error(reason why, std::string file, const std::string& what)
+        : custody::error(std::string(reason_name(why)) + " report" + (file.empty() ? "" : " '" + file + "'") + ": " +
+                         what),
+          reason_(why), file_(std::move(file)) {}
+    [[nodiscard]] reason why() const noexcept { return reason_; }
+    [[nodiscard]] const std::string& file() const noexcept { return file_; }
+
+    static constexpr const char* reason_name(reason r) noexcept {
+        switch (r) {
+        case reason::missing: return "missing";
+        case reason::truncated: return "truncated";
+        case reason::malformed: return "malformed";
+        case reason::mismatched: return "mismatched";
+        }
+        return "?";
+    }
+
+private:
+    reason reason_;
+    std::string file_;
+};
+
+namespace detail {
+
+inline void write_site(json::writer& w, const allocation_site& s) {
+    w.begin_object();
+    w.key("owner");
+    w.string(s.owner);
+    w.key("rank");
+    w.number(s.rank);
+    w.key("device");
+    w.number(s.device);
+    w.key("stream");
+    w.string(call_stack::hex(reinterpret_cast<const void*>(s.stream)));
+    w.key("synchronous");
+    w.boolean(s.synchronous);
+    w.key("sequence");
+    w.number(s.sequence);
+    w.key("time_ns");
+    w.number(static_cast<std::int64_t>(s.time_ns));
+    w.key("bytes");
+    w.number(static_cast<std::uint64_t>(s.bytes));
+    w.key("alignment");
+    w.number(static_cast<std::uint64_t>(s.alignment));
+    w.key("stack");
+    w.begin_array();
+    for (const auto& f : s.stack) w.string(f);
+    w.end_array();
+    w.end_object();
+}
+
+} // namespace detail
+
+/// The report as a JSON document. Deterministic: the same report gives the same text.
+[[nodiscard]] inline std::string to_json(const rank_report& r) {
+    json::writer w;
+    w.begin_object();
+    w.key("schema");
+    w.string(report_schema);
+    w.key("version");
+    w.number(report_version);
+    w.key("rank");
+    w.begin_object();
+    w.key("rank");
+    w.number(r.rank.rank);
+    w.key("local_rank");
+    w.number(r.rank.local_rank);
+    w.key("world_size");
+    w.number(r.rank.world_size);
+    w.key("source");
+    w.string(r.rank.source);
+    w.end_object();
+    w.key("tracker");
+    w.string(r.tracker);
+    w.key("platform");
+    w.string(r.platform);
+    w.key("started_unix_ns");
+    w.number(static_cast<std::int64_t>(r.started_unix_ns));
+    w.key("written_unix_ns");
+    w.number(static_cast<std::int64_t>(r.written_unix_ns));
+    w.key("totals");
+    w.begin_object();
+    w.key("live_bytes");
+    w.number(static_cast<std::uint64_t>(r.totals.live_bytes));
+    w.key("peak_live_bytes");
+    w.number(static_cast<std::uint64_t>(r.totals.peak_live_bytes));
+    w.key("reserved_bytes");
+    w.number(static_cast<std::uint64_t>(r.totals.reserved_bytes));
+    w.key("live_allocations");
+    w.number(static_cast<std::uint64_t>(r.totals.live_allocations));
+    w.key("allocations");
+    w.number(r.totals.allocations);
+    w.key("deallocations");
+    w.number(r.totals.deallocations);
+    w.end_object();
+    w.key("owners");
+    w.begin_array();
+    for (const auto& o : r.owners) {
+        w.begin_object();
+        w.key("owner");
+        w.string(o.owner);
+        w.key("live_bytes");
+        w.number(static_cast<std::uint64_t>(o.live_bytes));
+        w.key("live_count");
+        w.number(static_cast<std::uint64_t>(o.live_count));
+        w.key("peak_bytes");
+        w.number(static_cast<std::uint64_t>(o.peak_bytes));
+        w.end_object();
+    }
+    w.end_array();
+    w.key("devices");
+    w.begin_array();
+    for (const auto& d : r.devices) {
+        w.begin_object();
+        w.key("device");
+        w.number(d.device);
+        w.key("live_bytes");
+        w.number(static_cast<std::uint64_t>(d.live_bytes));
+        w.key("live_count");
+        w.number(static_cast<std::uint64_t>(d.live_count));
+        w.end_object();
+    }
+    w.end_array();
+    w.key("live");
+    w.begin_object();
+    w.key("total_bytes");
+    w.number(static_cast<std::uint64_t>(r.live.total_bytes));
+    w.key("total_count");
+    w.number(static_cast<std::uint64_t>(r.live.total_count));
+    w.key("groups");
+    w.begin_array();
+    for (const auto& g : r.live.groups) {
+        w.begin_object();
+        w.key("owner");
+        w.string(g.owner);
+        w.key("bytes");
+        w.number(static_cast<std::uint64_t>(g.bytes));
+        w.key("count");
+        w.number(static_cast<std::uint64_t>(g.count));
+        w.key("first_sequence");
+        w.number(g.first_sequence);
+        w.key("devices");
+        w.begin_array();
+        for (int d : g.devices) w.number(d);
+        w.end_array();
+        w.key("stack");
+        w.begin_array();
+        for (const auto& f : g.stack) w.string(f);
+        w.end_array();
+        w.end_object();
+    }
+    w.end_array();
+    w.end_object();
+    w.key("violations");
+    w.begin_array();
+    for (const auto& v : r.violations) {
+        w.begin_object();
+        w.key("kind");
+        w.string(to_string(v.kind));
+        w.key("pointer");
+        w.string(detail::call_stack::hex(v.pointer));
+        w.key("tracker");
+        w.string(v.tracker);
+        w.key("other_tracker");
+        w.string(v.other_tracker);
+        w.key("detail");
+        w.string(v.detail);
+        w.key("allocated");
+        if (v.has_allocated) detail::write_site(w, v.allocated);
+        else w.null();
+        w.key("first_free");
+        if (v.has_first_free) detail::write_site(w, v.first_free);
+        else w.null();
+        w.key("freed");
+        if (v.kind != violation_kind::leak) detail::write_site(w, v.freed);
+        else w.null();
+        w.end_object();
+    }
+    w.end_array();
+    w.key("timeline");
+    w.begin_array();
+    for (const auto& s : r.timeline) {
+        w.begin_object();
+        w.key("unix_ns");
+        w.number(static_cast<std::int64_t>(s.unix_ns));
+        w.key("owners");
+        w.begin_object();
+        for (const auto& [o, b] : s.owners) {
+            w.key(o);
+            w.number(static_cast<std::uint64_t>(b));
+        }
+        w.end_object();
+        w.end_object();
+    }
+    w.end_array();
+    w.end_object();
+    std::string text = w.take();
+    text += '\n';
+    return text;
+}
+
+/// Writes the report to `path` (replacing it). Throws custody::error when the file cannot be
+/// written completely.
+inline void write_json_report(const rank_report& r, const std::string& path) {
+    const std::string text = to_json(r);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out) throw custody::error("custody: cannot open '" + path + "' to write a report");
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.close();
+    if (!out) throw custody::error("custody: could not write the whole report to '" + path + "'");
+}
+
+namespace detail {
+
+/// Typed field access for the reader: every failure is a report_error(malformed) naming the field.
+class field_reader {
+public:
+    explicit field_reader(std::string file) : file_(std::move(file)) {}
+
+    const json::value& member(const json::value& o, std::string_view key, std::string_view where) const {
+        if (!o.is_object()) fail(std::string(where) + " is not an object");
+        const json::value* v = o.find(key);
+        if (v == nullptr) fail(std::string(where) + " has no '" + std::string(key) + "'");
+        return *v;
+    }
+    std::int64_t integer(const json::value& o, std::string_view key, std::string_view where) const {
+        const json::value& v = member(o, key, where);
+        if (!v.is_integer()) fail(std::string(where) + "." + std::string(key) + " is not an integer");
+        return static_cast<std::int64_t>(v.as_number());
+    }
+    std::size_t count(const json::value& o, std::string_view key, std::string_view where) const {
+        const std::int64_t v = integer(o, key, where);
+        if (v < 0) fail(std::string(where) + "." + std::string(key) + " is negative");
+        return static_cast<std::size_t>(v);
+    }
+    const std::string& string(const json::value& o, std::string_view key, std::string_view where) const {
+        const json::value& v = member(o, key, where);
+        if (!v.is_string()) fail(std::string(where) + "." + std::string(key) + " is not a string");
+        return v.as_string();
+    }
+    const json::array& array(const json::value& o, std::string_view key, std::string_view where) const {
+        const json::value& v = member(o, key, where);
+        if (!v.is_array()) fail(std::string(where) + "." + std::string(key) + " is not an array");
+        return v.as_array();
+    }
+    [[noreturn]] void fail(const std::string& what) const {
+        throw report_error(report_error::reason::malformed, file_, what);
+    }
+
+private:
+    std::string file_;
+};
+
+} // namespace detail
+
+/// Reads a report from JSON text. `file` only names it in errors. Reads what the merge tool needs:
+/// rank, tracker, platform, times, totals, owners, devices, live groups, violation kinds and
+/// details, and the timeline. Throws report_error (truncated or malformed).
+[[nodiscard]] inline rank_report parse_rank_report(std::string_view text, const std::string& file = {}) {
+    json::value doc;
+    try {
+        doc = json::parse(text);
+    } catch (const json::parse_error& e) {
+        throw report_error(e.truncated() ? report_error::reason::truncated : report_error::reason::malformed, file,
+                           e.what());
+    }
+    const detail::field_reader f(file);
+    if (!doc.is_object()) f.fail("the document is not an object");
+    if (f.string(doc, "schema", "report") != report_schema) f.fail("not a custody rank report (schema)");
+    if (f.integer(doc, "version", "report") != report_version) {
+        f.fail("version " + std::to_string(f.integer(doc, "version", "report")) + " is not the supported version " +
+               std::to_string(report_version));
+    }
+    rank_report r;
+    const json::value& rank = f.member(doc, "rank", "report");
+    r.rank.rank = static_cast<int>(f.integer(rank, "rank", "rank"));
+    r.rank.local_rank = static_cast<int>(f.integer(rank, "local_rank", "rank"));
+    r.rank.world_size = static_cast<int>(f.integer(rank, "world_size", "rank"));
+    r.rank.source = f.string(rank, "source", "rank");
+    if (r.rank.rank < 0 || r.rank.world_size < 1 || r.rank.rank >= r.rank.world_size) {
+        f.fail("rank " + std::to_string(r.rank.rank) + " of " + std::to_string(r.rank.world_size) + " is impossible");
+    }
+    r.tracker = f.string(doc, "tracker", "report");
+    r.platform = f.string(doc, "platform", "report");
+    r.started_unix_ns = f.integer(doc, "started_unix_ns", "report");
+    r.written_unix_ns = f.integer(doc, "written_unix_ns", "report");
+    const json::value& totals = f.member(doc, "totals", "report");
+    r.totals.live_bytes = f.count(totals, "live_bytes", "totals");
+    r.totals.peak_live_bytes = f.count(totals, "peak_live_bytes", "totals");
+    r.totals.reserved_bytes = f.count(totals, "reserved_bytes", "totals");
+    r.totals.live_allocations = f.count(totals, "live_allocations", "totals");
+    r.totals.allocations = f.count(totals, "allocations", "totals");
+    r.totals.deallocations = f.count(totals, "deallocations", "totals");
+    for (const json::value& o : f.array(doc, "owners", "report")) {
+        r.owners.push_back(owner_usage{f.string(o, "owner", "owners[]"), f.count(o, "live_bytes", "owners[]"),
+                                       f.count(o, "live_count", "owners[]"), f.count(o, "peak_bytes", "owners[]")});
+    }
+    for (const json::value& d : f.array(doc, "devices", "report")) {
+        r.devices.push_back(device_usage{static_cast<int>(f.integer(d, "device", "devices[]")),
+                                         f.count(d, "live_bytes", "devices[]"), f.count(d, "live_count", "devices[]")});
+    }
+    const json::value& live = f.member(doc, "live", "report");
+    r.live.rank = r.rank.rank;
+    r.live.total_bytes = f.count(live, "total_bytes", "live");
+    r.live.total_count = f.count(live, "total_count", "live");
+    for (const json::value& g : f.array(live, "groups", "live")) {
+        leak_group lg;
+        lg.owner = f.string(g, "owner", "live.groups[]");
+        lg.bytes = f.count(g, "bytes", "live.groups[]");
+        lg.count = f.count(g, "count", "live.groups[]");
+        lg.first_sequence = f.count(g, "first_sequence", "live.groups[]");
+        for (const json::value& d : f.array(g, "devices", "live.groups[]")) {
+            if (!d.is_integer()) f.fail("live.groups[].devices[] is not an integer");
+            lg.devices.push_back(static_cast<int>(d.as_number()));
+        }
+        for (const json::value& s : f.array(g, "stack", "live.groups[]")) {
+            if (!s.is_string()) f.fail("live.groups[].stack[] is not a string");
+            lg.stack.push_back(s.as_string());
+        }
+        r.live.groups.push_back(std::move(lg));
+    }
+    for (const json::value& v : f.array(doc, "violations", "report")) {
+        violation x;
+        const std::string& kind = f.string(v, "kind", "violations[]");
+        bool known = false;
+        for (int k = 0; k <= static_cast<int>(violation_kind::leak); ++k) {
+            if (kind == to_string(static_cast<violation_kind>(k))) {
+                x.kind = static_cast<violation_kind>(k);
+                known = true;
+            }
+        }
+        if (!known) f.fail("violations[].kind '" + kind + "' is unknown");
+        x.tracker = f.string(v, "tracker", "violations[]");
+        x.detail = f.string(v, "detail", "violations[]");
+        r.violations.push_back(std::move(x));
+    }
+    for (const json::value& s : f.array(doc, "timeline", "report")) {
+        timeline_sample t;
+        t.unix_ns = f.integer(s, "unix_ns", "timeline[]");
+        const json::value& owners = f.member(s, "owners", "timeline[]");
+        if (!owners.is_object()) f.fail("timeline[].owners is not an object");
+        for (const auto& [name, bytes] : owners.as_object()) {
+            if (!bytes.is_integer() || bytes.as_number() < 0) f.fail("timeline[].owners['" + name + "'] is not a count");
+            t.owners.emplace_back(name, static_cast<std::size_t>(bytes.as_number()));
+        }
+        r.timeline.push_back(std::move(t));
+    }
+    return r;
+}
+
+/// Reads a report file. Throws report_error: missing (cannot open), truncated, or malformed.
+[[nodiscard]] inline rank_report read_rank_report(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw report_error(report_error::reason::missing, path, "cannot open the file");
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (in.bad()) throw report_error(report_error::reason::missing, path, "cannot read the file");
+    return parse_rank_report(text.str(), path);
+}
+
+} // namespace custody::debug

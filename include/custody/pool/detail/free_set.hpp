@@ -1,0 +1,192 @@
+/// @file
+/// `free_set`: the free blocks of one part of the pool, ordered by address (to coalesce neighbours)
+/// and by size (to find the best fit).
+#pragma once
+
+#include <custody/core/align.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <map>
+#include <set>
+#include <utility>
+
+namespace custody::pool::detail {
+
+/// A free range of pool memory inside one upstream chunk.
+struct free_block {
+    std::uintptr_t address = 0;
+    std::size_t size = 0;
+    std::uintptr_t chunk = 0; ///< base address of the upstream chunk it lies in
+    unsigned kind = 0;        ///< the owner's use: which of its sets the block belongs to
+};
+
+/// A set of free blocks with best-fit search, splitting and coalescing.
+///
+/// Invariants:
+///   by_address_ and by_size_ hold the same blocks: (a, {n, c}) in by_address_ <=> (n, a) in by_size_
+///   blocks do not overlap, and no two blocks of one chunk touch (they would have been merged)
+///   bytes_ = sum of n over all blocks
+/// Thread safety: none; the owner (a shard or the pool's global part) guards it.
+/// Complexity: take and insert are O(log n) in the number of free blocks.
+/// Exception safety: take is strong (a bad_alloc from a node leaves the set as it was); insert
+/// either stores the block or throws with the set unchanged.
+class free_set {
+public:
+    [[nodiscard]] bool empty() const noexcept { return by_address_.empty(); }
+    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+    [[nodiscard]] std::size_t count() const noexcept { return by_address_.size(); }
+    [[nodiscard]] std::size_t largest() const noexcept { return by_size_.empty() ? 0 : std::prev(by_size_.end())->first; }
+
+    /// Adds a block, merging it with free neighbours of the same chunk.
+    void insert(free_block b) {
+        auto next = by_address_.lower_bound(b.address);
+        if (next != by_address_.begin()) {
+            auto prev = std::prev(next);
+            if (prev->second.chunk == b.chunk && prev->first + prev->second.size == b.address) {
+                // Grow prev over b (and over next if it touches too); no node is allocated.
+                std::size_t merged = prev->second.size + b.size;
+                if (next != by_address_.end() && next->second.chunk == b.chunk && b.address + b.size == next->first) {
+                    merged += next->second.size;
+                    by_size_.erase({next->second.size, next->first});
+                    by_address_.erase(next);
+                }
+                resize(prev, merged);
+                bytes_ += b.size;
+                return;
+            }
+        }
+        if (next != by_address_.end() && next->second.chunk == b.chunk && b.address + b.size == next->first) {
+            // b takes next's place: reuse both nodes under new keys.
+            auto an = by_address_.extract(next);
+            auto sn = by_size_.extract({an.mapped().size, an.key()});
+            an.key() = b.address;
+            an.mapped().size += b.size;
+            sn.value() = {an.mapped().size, b.address};
+            by_address_.insert(std::move(an));
+            by_size_.insert(std::move(sn));
+            bytes_ += b.size;
+            return;
+        }
+        auto [it, inserted] = by_address_.emplace(b.address, info{b.size, b.chunk});
+        try {
+            by_size_.emplace(b.size, b.address);
+        } catch (...) {
+            by_address_.erase(it);
+            throw;
+        }
+        static_cast<void>(inserted);
+        bytes_ += b.size;
+    }
+
+    /// True when take(size, alignment) would find a block.
+    [[nodiscard]] bool fits(std::size_t size, std::size_t alignment) { return find_fit(size, alignment) != by_size_.end(); }
+
+    /// Removes and returns the smallest block that can hold `size` bytes starting at a multiple of
+    /// `alignment`, cut to exactly that range; what is left before and after stays free. Returns a
+    /// block of size 0 when none fits.
+    [[nodiscard]] free_block take(std::size_t size, std::size_t alignment) {
+        auto it = find_fit(size, alignment);
+        if (it == by_size_.end()) return {};
+        const std::uintptr_t start = it->second;
+        auto ait = by_address_.find(start);
+        const std::size_t total = ait->second.size;
+        const std::uintptr_t chunk = ait->second.chunk;
+        const std::uintptr_t at = align_up(start, alignment);
+        const std::size_t front = at - start;
+        const std::size_t back = total - front - size;
+        if (front != 0 && back != 0) {
+            // The only step that allocates, done first so that a failure changes nothing.
+            auto [bit, ok] = by_address_.emplace(at + size, info{back, chunk});
+            static_cast<void>(ok);
+            try {
+                by_size_.emplace(back, at + size);
+            } catch (...) {
+                by_address_.erase(bit);
+                throw;
+            }
+        }
+        auto an = by_address_.extract(ait);
+        auto sn = by_size_.extract(it);
+        if (front != 0 || back != 0) {
+            // Reuse the two nodes for the one remaining piece that has none yet.
+            const std::uintptr_t rest = front != 0 ? start : at + size;
+            const std::size_t rest_size = front != 0 ? front : back;
+            an.key() = rest;
+            an.mapped().size = rest_size;
+            sn.value() = {rest_size, rest};
+            by_address_.insert(std::move(an));
+            by_size_.insert(std::move(sn));
+        }
+        bytes_ -= size;
+        return {at, size, chunk};
+    }
+
+    /// Removes every block for which `is_whole_chunk(address, size)` holds, passing each to
+    /// `f(free_block)`.
+    template <class Predicate, class F>
+    void take_whole_chunks(Predicate&& is_whole_chunk, F&& f) {
+        for (auto it = by_address_.begin(); it != by_address_.end();) {
+            if (is_whole_chunk(it->first, it->second.size)) {
+                const free_block b{it->first, it->second.size, it->second.chunk};
+                by_size_.erase({b.size, b.address});
+                it = by_address_.erase(it);
+                bytes_ -= b.size;
+                f(b);
+            } else {
+                ++it;
+            }
+        }
+    }
+
+    /// Removes every block, passing each to `f(free_block)`.
+    template <class F>
+    void drain(F&& f) {
+        for (const auto& [address, i] : by_address_) f(free_block{address, i.size, i.chunk});
+        by_address_.clear();
+        by_size_.clear();
+        bytes_ = 0;
+    }
+
+    /// Calls `f(free_block)` for every block, in address order.
+    template <class F>
+    void for_each(F&& f) const {
+        for (const auto& [address, i] : by_address_) f(free_block{address, i.size, i.chunk});
+    }
+
+private:
+    struct info {
+        std::size_t size;
+        std::uintptr_t chunk;
+    };
+    using size_index = std::set<std::pair<std::size_t, std::uintptr_t>>;
+
+    size_index::iterator find_fit(std::size_t size, std::size_t alignment) {
+        auto it = by_size_.lower_bound({size, 0});
+        // The first few candidates usually fit; past them, a block of size + alignment - granule
+        // always does, so the search stays logarithmic for any alignment.
+        for (int tries = 0; it != by_size_.end() && tries < 8; ++it, ++tries) {
+            if (align_up(it->second, alignment) - it->second + size <= it->first) return it;
+        }
+        if (it == by_size_.end()) return it;
+        it = by_size_.lower_bound({size + alignment - 1, 0});
+        for (; it != by_size_.end(); ++it) {
+            if (align_up(it->second, alignment) - it->second + size <= it->first) return it;
+        }
+        return it;
+    }
+
+    void resize(std::map<std::uintptr_t, info>::iterator it, std::size_t size) {
+        auto sn = by_size_.extract({it->second.size, it->first});
+        sn.value().first = size;
+        it->second.size = size;
+        by_size_.insert(std::move(sn));
+    }
+
+    std::map<std::uintptr_t, info> by_address_;
+    size_index by_size_;
+    std::size_t bytes_ = 0;
+};
+
+} // namespace custody::pool::detail

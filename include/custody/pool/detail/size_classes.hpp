@@ -1,0 +1,55 @@
+/// @file
+/// The pool's rounding rules: the granule every block is a multiple of, and the size classes that
+/// small and medium requests are rounded to.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+
+namespace custody::pool::detail {
+
+/// Every block is a multiple of 256 bytes and starts 256-aligned: what cudaMalloc guarantees, so a
+/// pool block may stand in for a cudaMalloc block anywhere.
+inline constexpr std::size_t granule = 256;
+
+/// Requests up to this many bytes (1 MiB) are served from per-stream size-class lists in O(1);
+/// larger ones by best fit with splitting and coalescing. 1 MiB keeps per-token tensors of
+/// inference (activations of a decode step, small workspaces, KV pages) on the O(1) path, while
+/// prefill activations and weights, which are few and large, get exact fits.
+inline constexpr std::size_t small_threshold = std::size_t{1} << 20;
+
+/// Classes 0..15 are 256, 512, ..., 4096 bytes (one granule apart). Above 4 KiB each doubling
+/// (2^k, 2^(k+1)] is split into 16 classes 2^(k-4) apart, so rounding wastes at most 1/16 (6.25%)
+/// of a request and on average about 3%: little enough for the pool to stay within 5% of the live
+/// bytes, few enough classes (144) that a stream's lists fit in a few kilobytes.
+inline constexpr std::size_t class_count = 16 + (20 - 12) * 16;
+
+/// The class of a request of `bytes` (1 <= bytes <= small_threshold).
+[[nodiscard]] constexpr std::size_t class_of(std::size_t bytes) noexcept {
+    if (bytes <= 4096) return bytes == 0 ? 0 : (bytes - 1) / granule;
+    const std::size_t k = static_cast<std::size_t>(std::bit_width(bytes - 1)) - 1; // 2^k < bytes <= 2^(k+1)
+    const std::size_t step = std::size_t{1} << (k - 4);
+    const std::size_t sub = (bytes - (std::size_t{1} << k) + step - 1) / step; // 1..16
+    return 16 + (k - 12) * 16 + (sub - 1);
+}
+
+/// The size of every block of class `c` (c < class_count).
+[[nodiscard]] constexpr std::size_t class_size(std::size_t c) noexcept {
+    if (c < 16) return (c + 1) * granule;
+    const std::size_t j = c - 16;
+    const std::size_t k = 12 + j / 16;
+    return (std::size_t{1} << k) + (j % 16 + 1) * (std::size_t{1} << (k - 4));
+}
+
+/// The size of the block that serves a request of `bytes` (bytes >= 1, not near SIZE_MAX): its
+/// class size when small, else `bytes` rounded up to the granule.
+[[nodiscard]] constexpr std::size_t block_size(std::size_t bytes) noexcept {
+    if (bytes <= small_threshold) return class_size(class_of(bytes));
+    return (bytes + granule - 1) & ~(granule - 1);
+}
+
+static_assert(class_size(class_count - 1) == small_threshold);
+static_assert(class_of(small_threshold) == class_count - 1);
+static_assert(class_of(4097) == 16 && class_size(16) == 4096 + 256);
+
+} // namespace custody::pool::detail

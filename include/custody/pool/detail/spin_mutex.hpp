@@ -1,0 +1,42 @@
+/// @file
+/// `spin_mutex`: a test-and-test-and-set lock for the pool's per-stream shards, whose critical
+/// sections are a few dozen instructions long.
+#pragma once
+
+#include <atomic>
+#include <thread>
+
+namespace custody::pool::detail {
+
+/// A lock for very short critical sections that are almost never contended (one shard per
+/// stream, and a stream is usually driven by one thread). Uncontended, lock() plus unlock() is two
+/// atomic operations and no system call, where std::mutex costs about twice as much; contended, it
+/// spins briefly on a plain load and then yields, so eight threads on two cores still make progress.
+///
+/// Meets the Lockable requirements (usable with std::lock_guard and std::unique_lock).
+/// Thread safety: that is its purpose. Not recursive. Acquire/release ordering, so ThreadSanitizer
+/// understands the happens-before edges it creates.
+class spin_mutex {
+public:
+    spin_mutex() noexcept = default;
+    spin_mutex(const spin_mutex&) = delete;
+    spin_mutex& operator=(const spin_mutex&) = delete;
+
+    void lock() noexcept {
+        for (unsigned spins = 0;; ++spins) {
+            if (!locked_.exchange(true, std::memory_order_acquire)) return;
+            while (locked_.load(std::memory_order_relaxed)) {
+                if (++spins > 64) std::this_thread::yield();
+            }
+        }
+    }
+    [[nodiscard]] bool try_lock() noexcept {
+        return !locked_.load(std::memory_order_relaxed) && !locked_.exchange(true, std::memory_order_acquire);
+    }
+    void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+private:
+    std::atomic<bool> locked_{false};
+};
+
+} // namespace custody::pool::detail

@@ -1,0 +1,87 @@
+/// @file
+/// `pool_options` and `reuse_policy`: how a stream_ordered_pool grows, what it may reuse across
+/// streams, and the limits it keeps.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+namespace custody::pool {
+
+/// When a block given back on stream A may serve an allocation on another stream B, like CUDA's
+/// cudaMemPoolReuse* attributes. On its own stream a block is reusable at once, under every policy:
+/// work on A after the allocation is ordered after the work before the free.
+enum class reuse_policy {
+    /// Never across streams while the pool runs normally (cudaMemPool with every reuse attribute
+    /// off). Only the last resort before failing (it waits for A's work on the host) moves such
+    /// blocks to other streams.
+    same_stream,
+    /// B may take A's blocks once A's work up to the free has finished, as seen by a non-blocking
+    /// event query (cudaMemPoolReuseAllowOpportunistic). Never makes a stream wait.
+    opportunistic,
+    /// As opportunistic, and when that finds nothing, B is made to wait for A's event (a stream
+    /// wait, no host synchronization) and takes the block at once
+    /// (cudaMemPoolReuseAllowInternalDependencies). The default, as in CUDA's pools.
+    follow_dependencies,
+};
+
+/// What a device has, as the platform reports it.
+struct device_memory {
+    std::size_t free = 0;  ///< bytes no one has allocated yet
+    std::size_t total = 0; ///< bytes the device has
+};
+
+/// A function that tells how much memory `device` has free now (cudaMemGetInfo on the cuda
+/// platform: custody::pool::cuda_memory_info in pool/cuda_memory_info.hpp), or nothing.
+using memory_info_function = std::optional<device_memory> (*)(int device);
+
+/// How a stream_ordered_pool grows and what it keeps. Every field has a default that suits an
+/// inference server; the comment beside each says why.
+struct pool_options {
+    /// Bytes taken from the upstream when the pool is built. 0 (the default): nothing until the
+    /// first allocation, so a pool that is never used costs nothing. An engine that knows its
+    /// working set sets it here and never grows during a request.
+    std::size_t initial_size = 0;
+
+    /// Smallest chunk taken from the upstream when the pool must grow: 2 MiB (the GPU's large
+    /// page). Chunks grow with the pool: each is max(growth_step, reserved / growth_divisor), and a
+    /// request larger than that gets a chunk of its own size rounded up to 2 MiB.
+    std::size_t growth_step = std::size_t{2} << 20;
+
+    /// With 32, the unused tail of the newest chunk is at most about 3% of what the pool holds, so
+    /// the pool stays within a few percent of its peak live bytes, while a pool that grows from
+    /// 2 MiB to 80 GiB takes about 340 chunks (growths cost a cudaMalloc each, about a millisecond).
+    /// 0: every chunk is growth_step (or the request's size).
+    std::size_t growth_divisor = 32;
+
+    /// Hard limit on the bytes the pool holds from its upstream. Default: none beyond the device
+    /// budget below.
+    std::size_t maximum_size = SIZE_MAX;
+
+    /// Cross-stream reuse (see reuse_policy). Default: follow_dependencies, as cudaMallocAsync.
+    reuse_policy reuse = reuse_policy::follow_dependencies;
+
+    /// The whole-device budget: the pool grows only while the device keeps `device_headroom` bytes
+    /// free for what the pool does not own (NCCL buffers, CUDA contexts, cuBLAS/cuDNN workspaces).
+    /// 1 GiB by default: an NCCL communicator's buffers plus a few library workspaces. Applies when
+    /// the device's memory is known, from `memory_info` (queried at each growth, so memory taken
+    /// by others counts) or else from `device_capacity` (the device's size in bytes, for platforms
+    /// that cannot be asked: the pool's own reserve is then all it counts against it).
+    std::size_t device_headroom = std::size_t{1} << 30;
+    std::size_t device_capacity = 0; ///< 0: unknown
+    memory_info_function memory_info = nullptr;
+
+    /// Streams the pool keeps a shard (its own lists and lock) for. A stream met after that many
+    /// is served without a shard: allocations from the shared free set, deallocations after a
+    /// host synchronization of the stream. 64 is far above what an inference process uses
+    /// (a few compute, copy and communication streams per device).
+    std::size_t max_streams = 64;
+
+    /// Events created when the pool is built (one per stream the pool will meet), and how many
+    /// more are created at once when they run out.
+    std::size_t initial_events = 8;
+    std::size_t event_batch = 8;
+};
+
+} // namespace custody::pool

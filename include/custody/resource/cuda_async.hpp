@@ -1,0 +1,85 @@
+/// @file
+/// `cuda_async`: stream-ordered device memory from cudaMallocAsync on a device's memory pool.
+#pragma once
+
+#include <custody/core/concepts.hpp>
+#include <custody/core/error.hpp>
+#include <custody/core/properties.hpp>
+#include <custody/platform/cuda.hpp>
+#include <custody/resource/detail/cuda_leaf.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <string>
+
+namespace custody::resource {
+
+/// Device memory from cudaMallocFromPoolAsync/cudaFreeAsync on a device's default memory pool.
+///
+/// The pool's release threshold is set (by default to the maximum) so that memory freed back to
+/// the pool stays there across synchronizations: a warm pool stays warm instead of returning
+/// memory to the driver at every cudaStreamSynchronize. The threshold is a property of the
+/// device's default pool, shared with every other user of that pool in the process.
+///
+/// Device binding: every call runs with the resource's device current. Stream semantics: those of
+/// cudaMallocAsync (the driver tracks reuse across streams with its own events); the synchronous
+/// pair allocates on the legacy default stream and waits for it. Thread safety: thread-safe.
+/// Alignment: at most 256. Interchangeable with any cuda_async of the same device.
+class cuda_async final : public detail::leaf<cuda_async, cuda::platform> {
+public:
+    static constexpr const char* name = "cuda_async";
+    static constexpr std::size_t max_alignment = 256;
+    static constexpr bool interchangeable = true;
+
+    /// Uses `device`'s default pool and sets its release threshold. Throws custody::error if the
+    /// device does not support memory pools, custody::cuda_error if a call fails.
+    explicit cuda_async(int device = cuda::current_device(), std::uint64_t release_threshold = UINT64_MAX)
+        : leaf(device) {
+        cuda::device_guard guard(device);
+        int supported = 0;
+        CUSTODY_CUDA_TRY(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
+        if (supported == 0) {
+            throw error("custody: device " + std::to_string(device) + " does not support cudaMallocAsync pools");
+        }
+        CUSTODY_CUDA_TRY(cudaDeviceGetDefaultMemPool(&pool_, device));
+        CUSTODY_CUDA_TRY(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &release_threshold));
+    }
+
+    [[nodiscard]] cudaMemPool_t pool_handle() const noexcept { return pool_; }
+
+    void* raw_allocate(stream_type stream, std::size_t bytes, std::size_t) {
+        cuda::device_guard guard(device());
+        void* ptr = nullptr;
+        return detail::allocated(cudaMallocFromPoolAsync(&ptr, bytes, pool_, stream.get()), "cudaMallocFromPoolAsync")
+                   ? ptr
+                   : nullptr;
+    }
+    void raw_deallocate(stream_type stream, void* ptr, std::size_t, std::size_t) noexcept {
+        cuda::device_guard guard(device(), std::nothrow);
+        CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaFreeAsync(ptr, stream.get()));
+    }
+    void* raw_allocate_sync(std::size_t bytes, std::size_t alignment) {
+        void* ptr = raw_allocate(stream_type{}, bytes, alignment);
+        if (ptr != nullptr) {
+            const cudaError_t status = cudaStreamSynchronize(nullptr);
+            if (status != cudaSuccess) {
+                raw_deallocate(stream_type{}, ptr, bytes, alignment);
+                CUSTODY_CUDA_TRY(status);
+            }
+        }
+        return ptr;
+    }
+    void raw_deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+        raw_deallocate(stream_type{}, ptr, bytes, alignment);
+    }
+
+    friend void get_property(const cuda_async&, device_accessible) noexcept {}
+
+private:
+    cudaMemPool_t pool_ = nullptr;
+};
+
+static_assert(try_allocatable_resource<cuda_async>);
+
+} // namespace custody::resource

@@ -1,0 +1,811 @@
+/// @file
+/// `staging_ring`: one pinned host region, allocated once, used as a ring of asynchronous copies to
+/// and from devices, bounded, with back-pressure.
+///
+/// Map of this header:
+///   ring_options             capacity, number of regions, chunk size, devices whose events exist up front
+///   staging_statistics       bytes in use and in flight, waits and time spent waiting
+///   reservation<T, Ring>     a typed span of the ring handed to a producer, to fill then commit
+///   ticket<T, Ring>          a download staged into the ring; wait() gives a read-only span
+///   staging_ring<Upstream>   the ring
+///
+/// Errors are listed in staging/errors.hpp.
+#pragma once
+
+#include <custody/core/align.hpp>
+#include <custody/core/concepts.hpp>
+#include <custody/core/error.hpp>
+#include <custody/core/properties.hpp>
+#include <custody/core/report.hpp>
+#include <custody/platform/platform.hpp>
+#include <custody/staging/detail/ring_index.hpp>
+#include <custody/staging/errors.hpp>
+
+#include <gsl/assert>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace custody::staging {
+
+/// How a staging ring is laid out. Plain value, copied into the ring.
+struct ring_options {
+    /// Bytes of pinned memory, allocated once; rounded up to a multiple of the ring's alignment (256).
+    std::size_t capacity = std::size_t{64} << 20;
+    /// Regions that may be live at once (reserved, in flight or held). One event per region and
+    /// device is created up front; a producer past this count waits as for bytes.
+    std::size_t max_regions = 64;
+    /// Chunk that copy_to_device and copy_from_device stream through the ring; 0: a quarter of
+    /// the capacity, at most default_chunk_limit (so that at least four chunks are in flight: the
+    /// host fills one while the previous ones are copied, and the first transfer starts early).
+    std::size_t chunk_bytes = 0;
+    /// The largest default chunk: large enough that a copy's fixed cost is amortized, small
+    /// enough that the pipeline fills quickly.
+    static constexpr std::size_t default_chunk_limit = std::size_t{2} << 20;
+    /// Devices whose events are created when the ring is; empty: the calling thread's current
+    /// device. A copy on a stream of another device creates that device's events on first use.
+    std::vector<int> devices{};
+};
+
+/// A snapshot of a ring's counters; a plain value.
+///
+/// Invariants: bytes_in_flight <= bytes_in_use <= capacity; peak_bytes_in_use <= capacity.
+/// Completion is noticed lazily: a finished copy counts as in flight until the ring next needs
+/// room, or until poll() or synchronize().
+struct staging_statistics {
+    std::size_t capacity = 0;
+    std::size_t bytes_in_use = 0;      ///< reserved, in flight and held bytes, with alignment padding
+    std::size_t peak_bytes_in_use = 0;
+    std::size_t bytes_in_flight = 0;   ///< bytes of enqueued copies not yet seen complete
+    std::size_t live_regions = 0;
+    std::uint64_t reservations = 0;    ///< regions handed out (uploads and downloads)
+    std::uint64_t commits = 0;         ///< uploads enqueued
+    std::uint64_t downloads = 0;       ///< downloads enqueued
+    std::uint64_t cancellations = 0;   ///< reservations given back without a copy
+    std::uint64_t bytes_uploaded = 0;
+    std::uint64_t bytes_downloaded = 0;
+    std::uint64_t waits = 0;           ///< reserve/stage calls that had to wait for room
+    std::uint64_t timeouts = 0;        ///< of which ended in timeout_error
+    std::uint64_t try_failures = 0;    ///< try_reserve/try_stage calls that found no room
+    std::chrono::nanoseconds wait_time{0}; ///< total time spent waiting for room
+};
+
+/// A contiguous typed region of a staging ring, handed to one producer: fill it, then give it to
+/// the ring's commit. Move-only. Destroyed (or reset) without a commit, it goes back to the ring
+/// unused. An empty reservation (from try_reserve, or moved from) owns nothing.
+///
+/// Thread safety: one owner at a time, like any value. Ownership: refers to its ring, which must
+/// outlive it. The span is valid until the reservation is committed or destroyed.
+template <class T, class Ring>
+class reservation {
+public:
+    reservation() noexcept = default;
+    reservation(reservation&& other) noexcept
+        : ring_(std::exchange(other.ring_, nullptr)), slot_(other.slot_), offset_(other.offset_),
+          span_(std::exchange(other.span_, {})) {}
+    reservation& operator=(reservation&& other) noexcept {
+        if (this != &other) {
+            reset();
+            ring_ = std::exchange(other.ring_, nullptr);
+            slot_ = other.slot_;
+            offset_ = other.offset_;
+            span_ = std::exchange(other.span_, {});
+        }
+        return *this;
+    }
+    reservation(const reservation&) = delete;
+    reservation& operator=(const reservation&) = delete;
+    ~reservation() { reset(); }
+
+    [[nodiscard]] bool empty() const noexcept { return ring_ == nullptr; }
+    explicit operator bool() const noexcept { return ring_ != nullptr; }
+    [[nodiscard]] std::span<T> span() const noexcept { return span_; }
+    [[nodiscard]] T* data() const noexcept { return span_.data(); }
+    [[nodiscard]] std::size_t size() const noexcept { return span_.size(); }
+    [[nodiscard]] std::size_t size_bytes() const noexcept { return span_.size_bytes(); }
+    [[nodiscard]] T* begin() const noexcept { return span_.data(); }
+    [[nodiscard]] T* end() const noexcept { return span_.data() + span_.size(); }
+    [[nodiscard]] T& operator[](std::size_t i) const noexcept { return span_[i]; }
+    /// Byte offset of the region in the ring (for diagnostics and tests).
+    [[nodiscard]] std::size_t offset() const noexcept { return offset_; }
+
+    /// Gives the region back unused. Idempotent.
+    void reset() noexcept {
+        if (ring_ != nullptr) std::exchange(ring_, nullptr)->cancel(slot_);
+        span_ = {};
+    }
+
+private:
+    friend Ring;
+    reservation(Ring* ring, std::size_t slot, std::size_t offset, std::span<T> span) noexcept
+        : ring_(ring), slot_(slot), offset_(offset), span_(span) {}
+
+    Ring* ring_ = nullptr; ///< nullptr: empty
+    std::size_t slot_ = 0;
+    std::size_t offset_ = 0;
+    std::span<T> span_;
+};
+
+/// A download staged into a staging ring. wait() blocks until the copy has landed and gives a
+/// read-only span of it, valid until the ticket is released (release() or destruction). Move-only.
+/// Reading a released (or moved-from, or empty) ticket throws released_ticket_error.
+///
+/// Thread safety: one owner at a time. Ownership: refers to its ring, which must outlive it.
+/// A held ticket keeps its region, and every region placed after it, from being reused: release
+/// tickets promptly, or the ring fills up behind them.
+template <class T, class Ring>
+class ticket {
+public:
+    ticket() noexcept = default;
+    ticket(ticket&& other) noexcept
+        : ring_(std::exchange(other.ring_, nullptr)), slot_(other.slot_), span_(std::exchange(other.span_, {})) {}
+    ticket& operator=(ticket&& other) noexcept {
+        if (this != &other) {
+            release();
+            ring_ = std::exchange(other.ring_, nullptr);
+            slot_ = other.slot_;
+            span_ = std::exchange(other.span_, {});
+        }
+        return *this;
+    }
+    ticket(const ticket&) = delete;
+    ticket& operator=(const ticket&) = delete;
+    ~ticket() { release(); }
+
+    [[nodiscard]] bool empty() const noexcept { return ring_ == nullptr; }
+    explicit operator bool() const noexcept { return ring_ != nullptr; }
+    [[nodiscard]] std::size_t size() const noexcept { return span_.size(); }
+
+    /// Whether the copy has landed (non-blocking). Throws released_ticket_error if released.
+    [[nodiscard]] bool ready() const {
+        if (ring_ == nullptr) throw released_ticket_error();
+        return ring_->ticket_ready(slot_);
+    }
+
+    /// Blocks until the copy has landed; the span stays valid until release().
+    /// Throws released_ticket_error if released.
+    [[nodiscard]] std::span<const T> wait() const {
+        if (ring_ == nullptr) throw released_ticket_error();
+        ring_->ticket_wait(slot_);
+        return span_;
+    }
+
+    /// Hands the region back to the ring (once its copy has finished, whether or not anyone
+    /// waited). Idempotent.
+    void release() noexcept {
+        if (ring_ != nullptr) std::exchange(ring_, nullptr)->ticket_release(slot_);
+        span_ = {};
+    }
+
+private:
+    friend Ring;
+    ticket(Ring* ring, std::size_t slot, std::span<const T> span) noexcept : ring_(ring), slot_(slot), span_(span) {}
+
+    Ring* ring_ = nullptr; ///< nullptr: released or empty
+    std::size_t slot_ = 0;
+    std::span<const T> span_;
+};
+
+/// A pinned staging ring: one host-accessible region taken once from `Upstream` (pinned host
+/// memory on the cuda platform, host memory on the host platform) and handed out as a ring of
+/// regions for asynchronous copies to and from devices.
+///
+/// Upload: `reserve<T>(n)` gives a typed span that never straddles the wrap; the producer fills it
+/// and `commit(std::move(r), destination, stream)` enqueues the copy on `stream` (under the
+/// stream's device) and records an event that marks when the region may be refilled.
+/// `copy_to_device` streams a transfer of any size through the ring in chunks, so the host copy
+/// of one chunk into pinned memory overlaps the transfer of the previous ones.
+/// Download: `stage<T>(source, n, stream)` enqueues a copy into the ring and gives a ticket whose
+/// wait() yields a read-only span.
+///
+/// Back-pressure: regions come back in placement order; a region is reused only when every
+/// region placed before it is reclaimed (its copy finished, its reservation given back unused, or
+/// its ticket released). When there is no room, `reserve` waits for the oldest copy (optionally
+/// up to a timeout, then timeout_error); `try_reserve` returns an empty reservation instead. The
+/// ring never overflows; a request larger than the ring is std::length_error.
+///
+/// Stream semantics: a committed copy runs in `stream`'s order; its destination may be used by
+/// work enqueued on `stream` after the commit. The region is reclaimed when the event recorded
+/// after the copy has completed, whichever stream the next producer uses. copy_to_device returns
+/// once the source has been copied into the ring: the source may be reused at once, the
+/// destination when `stream` reaches the end of the transfer.
+///
+/// Thread safety: thread-safe; any number of producers may reserve, commit, stage and release
+/// at once, on any streams and devices. Each reservation and ticket has one owner at a time.
+/// Ownership: holds `Upstream` by value (constructed in place from the constructor's arguments)
+/// and the region it allocates; reservations and tickets refer to the ring, which must outlive
+/// them. Destruction waits for every copy in flight, then gives the region back; no reservation
+/// or ticket may be alive then (checked: terminates).
+/// Events: one per region slot and device, created up front (or at the first copy on a device
+/// not named in the options), never on the hot path.
+/// Complexity: reserve, commit, stage and release are O(1) plus, when room is short, one event
+/// query per region reclaimed. Neither copyable nor movable.
+template <class Upstream>
+    requires stream_ordered_resource<Upstream> && has_property<Upstream, host_accessible>
+class staging_ring final {
+public:
+    using upstream_type = Upstream;
+    using stream_type = typename Upstream::stream_type;
+    using platform_type = typename stream_type::platform_type;
+    using event_type = typename platform_type::event;
+    template <class T>
+    using reservation_type = reservation<T, staging_ring>;
+    template <class T>
+    using ticket_type = ticket<T, staging_ring>;
+
+    /// Alignment of the region and the largest alignment of an element type; the capacity is a
+    /// multiple of it.
+    static constexpr std::size_t alignment = 256;
+
+    /// Allocates the region from an `Upstream` constructed from `upstream_args` and creates the
+    /// events. Throws std::invalid_argument for a zero capacity or region count, or a device that
+    /// does not exist; the upstream's out_of_memory if the region cannot be allocated.
+    template <class... Args>
+    explicit staging_ring(ring_options options, Args&&... upstream_args)
+        : upstream_(std::forward<Args>(upstream_args)...), index_(checked_capacity(options), checked_regions(options)),
+          chunk_bytes_(options.chunk_bytes != 0
+                           ? std::min(options.chunk_bytes, index_.capacity())
+                           : std::clamp<std::size_t>(index_.capacity() / 4, 1, ring_options::default_chunk_limit)),
+          device_count_(platform_type::device_count()),
+          rows_(std::make_unique<event_row[]>(static_cast<std::size_t>(std::max(device_count_, 1)))) {
+        if (options.devices.empty()) options.devices.push_back(platform_type::current_device());
+        for (const int d : options.devices) static_cast<void>(row(d)); // validates, creates events
+        base_ = static_cast<std::byte*>(upstream_.allocate_sync(index_.capacity(), alignment));
+    }
+
+    staging_ring(const staging_ring&) = delete;
+    staging_ring& operator=(const staging_ring&) = delete;
+    staging_ring(staging_ring&&) = delete;
+    staging_ring& operator=(staging_ring&&) = delete;
+
+    /// Waits for every copy in flight, then gives the region back to the upstream.
+    ~staging_ring() {
+        std::unique_lock lock(mutex_);
+        bool outstanding = false;
+        index_.for_each_live([&](std::size_t, detail::region& r) {
+            outstanding = outstanding || r.state == detail::region_state::reserved ||
+                          r.state == detail::region_state::held;
+        });
+        Expects(!outstanding); // a reservation or ticket outlives its ring
+        while (!index_.empty()) {
+            detail::region& r = index_.oldest();
+            if (r.state == detail::region_state::in_flight) {
+                try {
+                    event(r.device, index_.oldest_slot()).synchronize();
+                } catch (const cuda_error& e) {
+                    // At process exit the driver reclaims everything; there is nothing to report.
+                    if (e.error_name() != "cudaErrorCudartUnloading") report_destruction_failure(e);
+                } catch (const std::exception& e) {
+                    report_destruction_failure(e);
+                }
+            }
+            index_.reclaim_oldest();
+        }
+        lock.unlock();
+        upstream_.deallocate_sync(base_, index_.capacity(), alignment);
+    }
+
+    /// Bytes of the ring (the requested capacity rounded up to a multiple of `alignment`).
+    [[nodiscard]] std::size_t capacity() const noexcept { return index_.capacity(); }
+    /// The chunk copy_to_device and copy_from_device use.
+    [[nodiscard]] std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
+    [[nodiscard]] Upstream& upstream() noexcept { return upstream_; }
+    [[nodiscard]] const Upstream& upstream() const noexcept { return upstream_; }
+
+    /// A region for `count` elements of T, waiting for room as long as it takes.
+    /// Throws std::invalid_argument for count == 0, std::length_error above the capacity.
+    template <class T>
+    [[nodiscard]] reservation_type<T> reserve(std::size_t count) {
+        const std::size_t bytes = request_bytes<T>(count);
+        const auto p = acquire(bytes, alignof(T), wait_mode::block, {}, {});
+        return reservation_type<T>(this, p->slot, p->offset, std::span<T>(pointer<T>(p->offset), count));
+    }
+
+    /// As reserve(count), but waits at most `timeout`, then throws timeout_error (ring unchanged).
+    template <class T, class Rep, class Period>
+    [[nodiscard]] reservation_type<T> reserve(std::size_t count, std::chrono::duration<Rep, Period> timeout) {
+        const std::size_t bytes = request_bytes<T>(count);
+        const auto limit = clamp_timeout(timeout);
+        const auto [mode, deadline] = deadline_after(limit);
+        const auto p = acquire(bytes, alignof(T), mode, deadline, limit);
+        return reservation_type<T>(this, p->slot, p->offset, std::span<T>(pointer<T>(p->offset), count));
+    }
+
+    /// As reserve(count), but returns an empty reservation instead of waiting when there is no
+    /// room now (it reclaims what has completed first). Bad requests throw as for reserve.
+    template <class T>
+    [[nodiscard]] reservation_type<T> try_reserve(std::size_t count) {
+        const std::size_t bytes = request_bytes<T>(count);
+        const auto p = acquire(bytes, alignof(T), wait_mode::never, {}, {});
+        if (!p) return {};
+        return reservation_type<T>(this, p->slot, p->offset, std::span<T>(pointer<T>(p->offset), count));
+    }
+
+    /// Enqueues on `stream` the copy of the reservation's elements to `destination` (any pointer
+    /// the platform's memcpy reaches: device memory on cuda), under the stream's device, and
+    /// records the event that gives the region back when the copy has run. Consumes `r`.
+    /// Throws std::invalid_argument for an empty reservation, one of another ring, or a null
+    /// destination; `r` and the ring are then unchanged.
+    template <class T>
+    void commit(reservation_type<T>&& r, T* destination, stream_type stream) {
+        check_reservation(r);
+        if (destination == nullptr) throw std::invalid_argument("custody: staging ring: null destination");
+        const int device = platform_type::stream_device(stream);
+        event_type& e = event(device, r.slot_); // may create the device's events; nothing changed yet
+        enqueue_then_record(e, device, stream, [&] {
+            platform_type::memcpy_async(destination, r.data(), r.size_bytes(), stream);
+        });
+        const std::size_t slot = r.slot_;
+        r.ring_ = nullptr;
+        r.span_ = {};
+        std::lock_guard lock(mutex_);
+        detail::region& reg = index_.at(slot);
+        reg.state = detail::region_state::in_flight;
+        reg.device = device;
+        stats_.bytes_in_flight += reg.bytes;
+        stats_.bytes_uploaded += reg.bytes;
+        ++stats_.commits;
+        if (waiting_ != 0) cv_.notify_all();
+    }
+
+    /// As commit(r, destination.data(), stream), after checking that `destination` holds the
+    /// reservation: a smaller one is std::invalid_argument (`r` and the ring unchanged).
+    template <class T>
+    void commit(reservation_type<T>&& r, std::span<T> destination, stream_type stream) {
+        check_reservation(r);
+        check_destination(destination.size(), r.size());
+        commit(std::move(r), destination.data(), stream);
+    }
+
+    /// Copies `source` (pageable or not) to `destination` on `stream` through the ring, in chunks
+    /// of chunk_bytes(): the host copy of each chunk into the ring overlaps the transfer of the
+    /// previous ones. Returns once the whole source is in the ring (the source may be reused); the
+    /// destination is complete when `stream` reaches the end of the transfer.
+    /// Throws std::invalid_argument for an empty source or a null destination.
+    template <class T>
+    void copy_to_device(std::span<const T> source, T* destination, stream_type stream) {
+        static_assert(std::is_trivially_copyable_v<T>, "the ring copies bytes");
+        if (source.empty()) throw std::invalid_argument("custody: staging ring: empty source");
+        if (destination == nullptr) throw std::invalid_argument("custody: staging ring: null destination");
+        const std::size_t per_chunk = elements_per_chunk<T>();
+        for (std::size_t done = 0; done < source.size();) {
+            const std::size_t n = std::min(per_chunk, source.size() - done);
+            auto r = reserve<T>(n);
+            std::memcpy(r.data(), source.data() + done, n * sizeof(T));
+            commit(std::move(r), destination + done, stream);
+            done += n;
+        }
+    }
+
+    /// As copy_to_device(source, destination.data(), stream), after checking that `destination`
+    /// is large enough (std::invalid_argument otherwise, nothing enqueued).
+    template <class T>
+    void copy_to_device(std::span<const T> source, std::span<T> destination, stream_type stream) {
+        check_destination(destination.size(), source.size());
+        copy_to_device(source, destination.data(), stream);
+    }
+
+    /// Enqueues on `stream` a copy of `count` elements from `source` (device memory on cuda) into
+    /// the ring and returns its ticket; waits for room as reserve does.
+    /// Throws std::invalid_argument for count == 0 or a null source, std::length_error above the
+    /// capacity.
+    template <class T>
+    [[nodiscard]] ticket_type<T> stage(const T* source, std::size_t count, stream_type stream) {
+        return stage_impl(source, count, stream, wait_mode::block, {}, {});
+    }
+
+    /// As stage, but waits at most `timeout` for room, then throws timeout_error.
+    template <class T, class Rep, class Period>
+    [[nodiscard]] ticket_type<T> stage(const T* source, std::size_t count, stream_type stream,
+                                       std::chrono::duration<Rep, Period> timeout) {
+        const auto limit = clamp_timeout(timeout);
+        const auto [mode, deadline] = deadline_after(limit);
+        return stage_impl(source, count, stream, mode, deadline, limit);
+    }
+
+    /// As stage, but returns an empty ticket instead of waiting when there is no room now.
+    template <class T>
+    [[nodiscard]] ticket_type<T> try_stage(const T* source, std::size_t count, stream_type stream) {
+        return stage_impl(source, count, stream, wait_mode::never, {}, {});
+    }
+
+    /// Copies `destination.size()` elements from `source` on `stream` into `destination`
+    /// (pageable or not) through the ring, in chunks, keeping up to three chunks in flight while
+    /// the host copies the oldest out. Returns when `destination` holds the data.
+    /// Throws std::invalid_argument for an empty destination or a null source.
+    template <class T>
+    void copy_from_device(const T* source, std::span<T> destination, stream_type stream) {
+        static_assert(std::is_trivially_copyable_v<T>, "the ring copies bytes");
+        if (destination.empty()) throw std::invalid_argument("custody: staging ring: empty destination");
+        if (source == nullptr) throw std::invalid_argument("custody: staging ring: null source");
+        const std::size_t per_chunk = elements_per_chunk<T>();
+        struct pending {
+            ticket_type<T> t;
+            std::size_t at;
+        };
+        std::deque<pending> in_flight;
+        const auto drain_one = [&] {
+            const std::span<const T> s = in_flight.front().t.wait();
+            std::memcpy(destination.data() + in_flight.front().at, s.data(), s.size_bytes());
+            in_flight.pop_front(); // releases the ticket
+        };
+        for (std::size_t done = 0; done < destination.size();) {
+            const std::size_t n = std::min(per_chunk, destination.size() - done);
+            ticket_type<T> t;
+            // Tickets held here keep their regions; drain them before waiting for room.
+            while (!(t = try_stage(source + done, n, stream)) && !in_flight.empty()) drain_one();
+            if (!t) t = stage(source + done, n, stream);
+            in_flight.push_back({std::move(t), done});
+            if (in_flight.size() >= 3) drain_one();
+            done += n;
+        }
+        while (!in_flight.empty()) drain_one();
+    }
+
+    /// Reclaims every region whose copy has completed, without waiting; returns how many.
+    std::size_t poll() {
+        std::lock_guard lock(mutex_);
+        const std::size_t n = reclaim_completed();
+        if (n != 0 && waiting_ != 0) cv_.notify_all();
+        return n;
+    }
+
+    /// Waits for every copy enqueued so far (uploads and downloads) and reclaims what it can.
+    void synchronize() {
+        std::unique_lock lock(mutex_);
+        std::vector<std::pair<std::size_t, int>> pinned;
+        index_.for_each_live([&](std::size_t slot, detail::region& r) {
+            if (r.state == detail::region_state::in_flight || r.state == detail::region_state::held) {
+                ++r.pins;
+                pinned.emplace_back(slot, r.device);
+            }
+        });
+        lock.unlock();
+        const auto unpin = [&] {
+            lock.lock();
+            for (const auto& [slot, device] : pinned) --index_.at(slot).pins;
+            reclaim_completed();
+            if (waiting_ != 0) cv_.notify_all();
+        };
+        try {
+            for (const auto& [slot, device] : pinned) event(device, slot).synchronize();
+        } catch (...) {
+            unpin();
+            throw;
+        }
+        unpin();
+    }
+
+    /// A snapshot of the counters (see staging_statistics).
+    [[nodiscard]] staging_statistics statistics() const {
+        std::lock_guard lock(mutex_);
+        staging_statistics s = stats_;
+        s.capacity = index_.capacity();
+        s.bytes_in_use = index_.bytes_in_use();
+        s.live_regions = index_.live_regions();
+        return s;
+    }
+
+private:
+    template <class T, class R>
+    friend class reservation;
+    template <class T, class R>
+    friend class ticket;
+
+    enum class wait_mode { never, block, until };
+    using time_point = std::chrono::steady_clock::time_point;
+
+    /// The events of one device, one per region slot. Built once; read without the lock after.
+    struct event_row {
+        std::atomic<bool> built{false};
+        std::vector<event_type> events;
+    };
+
+    static void report_destruction_failure(const std::exception& e) noexcept {
+        try {
+            report_failure(std::string("staging ring: waiting for a copy at destruction failed: ") + e.what());
+        } catch (...) {
+            report_failure("staging ring: waiting for a copy at destruction failed");
+        }
+    }
+
+    /// `timeout` in nanoseconds, saturating (std::chrono::duration::max() and the like wait forever).
+    template <class Rep, class Period>
+    static std::chrono::nanoseconds clamp_timeout(std::chrono::duration<Rep, Period> timeout) {
+        using limit_type = std::chrono::duration<long double, std::nano>;
+        const limit_type wanted = timeout;
+        if (wanted >= limit_type(std::chrono::nanoseconds::max())) return std::chrono::nanoseconds::max();
+        if (wanted <= limit_type(0)) return std::chrono::nanoseconds(0);
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
+    }
+
+    /// A deadline `limit` from now; timeouts too long to represent wait without one.
+    static std::pair<wait_mode, time_point> deadline_after(std::chrono::nanoseconds limit) {
+        const auto now = std::chrono::steady_clock::now();
+        if (limit > time_point::max() - now) return {wait_mode::block, time_point{}};
+        return {wait_mode::until, now + limit};
+    }
+
+    static std::size_t checked_capacity(const ring_options& o) {
+        if (o.capacity == 0) throw std::invalid_argument("custody: staging ring: zero capacity");
+        if (align_up_overflows(o.capacity, alignment)) throw std::length_error("custody: staging ring: capacity overflows");
+        return align_up(o.capacity, alignment);
+    }
+    static std::size_t checked_regions(const ring_options& o) {
+        if (o.max_regions == 0) throw std::invalid_argument("custody: staging ring: zero regions");
+        return o.max_regions;
+    }
+
+    template <class T>
+    [[nodiscard]] std::size_t request_bytes(std::size_t count) const {
+        static_assert(std::is_trivially_copyable_v<T>, "the ring copies bytes");
+        static_assert(alignof(T) <= alignment, "element alignment above the ring's");
+        if (count == 0) throw std::invalid_argument("custody: staging ring: zero elements requested");
+        if (count > index_.capacity() / sizeof(T)) {
+            throw std::length_error("custody: staging ring: " + std::to_string(count) + " elements of " +
+                                    std::to_string(sizeof(T)) + " bytes exceed the ring's " +
+                                    std::to_string(index_.capacity()) + " bytes");
+        }
+        return count * sizeof(T);
+    }
+
+    template <class T>
+    [[nodiscard]] std::size_t elements_per_chunk() const {
+        if (sizeof(T) > index_.capacity()) throw std::length_error("custody: staging ring: element larger than the ring");
+        return std::max<std::size_t>(chunk_bytes_ / sizeof(T), 1);
+    }
+
+    template <class T>
+    [[nodiscard]] T* pointer(std::size_t offset) const noexcept {
+        return reinterpret_cast<T*>(base_ + offset);
+    }
+
+    template <class T>
+    void check_reservation(const reservation_type<T>& r) const {
+        if (r.ring_ == nullptr) throw std::invalid_argument("custody: staging ring: empty reservation");
+        if (r.ring_ != this) throw std::invalid_argument("custody: staging ring: reservation of another ring");
+    }
+    static void check_destination(std::size_t have, std::size_t need) {
+        if (have < need) {
+            throw std::invalid_argument("custody: staging ring: destination of " + std::to_string(have) +
+                                        " elements is smaller than the " + std::to_string(need) + " to copy");
+        }
+    }
+
+    event_row& row(int device) {
+        if (device < 0 || device >= device_count_) {
+            throw std::invalid_argument("custody: staging ring: device " + std::to_string(device) + " does not exist");
+        }
+        event_row& r = rows_[static_cast<std::size_t>(device)];
+        if (!r.built.load(std::memory_order_acquire)) {
+            std::lock_guard lock(rows_mutex_);
+            if (!r.built.load(std::memory_order_relaxed)) {
+                std::vector<event_type> events;
+                events.reserve(index_.slot_count());
+                for (std::size_t i = 0; i < index_.slot_count(); ++i) events.emplace_back(device);
+                r.events = std::move(events);
+                r.built.store(true, std::memory_order_release);
+            }
+        }
+        return r;
+    }
+    event_type& event(int device, std::size_t slot) { return row(device).events[slot]; }
+
+    /// Runs `enqueue` then records `e` on `stream` under `device`. If recording fails after the
+    /// copy was enqueued, waits for the stream so the region is not reused under the copy.
+    template <class Enqueue>
+    void enqueue_then_record(event_type& e, int device, stream_type stream, Enqueue&& enqueue) {
+        basic_device_guard<platform_type> guard(device);
+        std::forward<Enqueue>(enqueue)();
+        try {
+            e.record(stream);
+        } catch (...) {
+            try {
+                platform_type::synchronize(stream);
+            } catch (...) {
+                report_failure("staging ring: a stream failed twice; a region may be reused under its copy");
+            }
+            throw;
+        }
+    }
+
+    /// Reclaims, oldest first, the regions that are given back or whose copy has completed.
+    /// Caller holds mutex_. Returns how many were reclaimed.
+    std::size_t reclaim_completed() {
+        std::size_t n = 0;
+        while (!index_.empty()) {
+            detail::region& r = index_.oldest();
+            if (r.state == detail::region_state::in_flight) {
+                if (!event(r.device, index_.oldest_slot()).ready()) break;
+                stats_.bytes_in_flight -= r.bytes;
+            } else if (r.state != detail::region_state::cancelled) {
+                break;
+            }
+            index_.reclaim_oldest();
+            ++n;
+        }
+        return n;
+    }
+
+    /// Places `bytes`, reclaiming and waiting as `mode` says. Returns nothing only for
+    /// wait_mode::never; throws timeout_error for wait_mode::until.
+    std::optional<detail::placement> acquire(std::size_t bytes, std::size_t align, wait_mode mode,
+                                             time_point deadline, std::chrono::nanoseconds limit) {
+        std::unique_lock lock(mutex_);
+        auto p = index_.place(bytes, align);
+        if (!p) {
+            reclaim_completed();
+            p = index_.place(bytes, align);
+        }
+        if (!p) {
+            if (mode == wait_mode::never) {
+                ++stats_.try_failures;
+                return std::nullopt;
+            }
+            p = wait_for_room(lock, bytes, align, mode, deadline, limit);
+        }
+        ++stats_.reservations;
+        stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, index_.bytes_in_use());
+        return p;
+    }
+
+    /// The slow path of acquire: waits on the oldest copy's event (pinned, outside the lock) or,
+    /// when the oldest region is not in flight, for a commit or release to be signalled.
+    detail::placement wait_for_room(std::unique_lock<std::mutex>& lock, std::size_t bytes, std::size_t align,
+                                    wait_mode mode, time_point deadline, std::chrono::nanoseconds limit) {
+        const auto start = std::chrono::steady_clock::now();
+        ++stats_.waits;
+        ++waiting_;
+        const auto done_waiting = [&] {
+            --waiting_;
+            stats_.wait_time += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+        };
+        try {
+            for (;;) {
+                if (!index_.empty() && index_.oldest().state == detail::region_state::in_flight) {
+                    const std::size_t slot = index_.oldest_slot();
+                    detail::region& r = index_.oldest();
+                    ++r.pins;
+                    const int device = r.device;
+                    lock.unlock();
+                    bool completed = true;
+                    try {
+                        completed = wait_event(event(device, slot), mode, deadline);
+                    } catch (...) {
+                        lock.lock();
+                        --index_.at(slot).pins;
+                        throw;
+                    }
+                    lock.lock();
+                    --index_.at(slot).pins;
+                    static_cast<void>(completed);
+                    reclaim_completed();
+                    // Others may wait for this slot to be unpinned, or for the room just reclaimed.
+                    if (waiting_ > 1) cv_.notify_all();
+                } else if (mode == wait_mode::until) {
+                    cv_.wait_until(lock, deadline);
+                    reclaim_completed();
+                } else {
+                    cv_.wait(lock);
+                    reclaim_completed();
+                }
+                if (auto p = index_.place(bytes, align)) {
+                    done_waiting();
+                    return *p;
+                }
+                if (mode == wait_mode::until && std::chrono::steady_clock::now() >= deadline) {
+                    ++stats_.timeouts;
+                    throw timeout_error(bytes, limit);
+                }
+            }
+        } catch (...) {
+            done_waiting();
+            throw;
+        }
+    }
+
+    /// Waits for `e`: blocking, or polling with a growing back-off until `deadline`.
+    /// Returns whether it completed.
+    static bool wait_event(const event_type& e, wait_mode mode, time_point deadline) {
+        if (mode != wait_mode::until) {
+            e.synchronize();
+            return true;
+        }
+        auto pause = std::chrono::microseconds(1);
+        while (!e.ready()) {
+            const auto now = std::chrono::steady_clock::now();
+            if (now >= deadline) return false;
+            std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+            pause = std::min(pause * 2, std::chrono::microseconds(200));
+        }
+        return true;
+    }
+
+    /// Gives a reserved region back unused; `by_caller`: counted as a cancellation.
+    void cancel(std::size_t slot, bool by_caller = true) noexcept {
+        std::lock_guard lock(mutex_);
+        index_.at(slot).state = detail::region_state::cancelled;
+        if (by_caller) ++stats_.cancellations;
+        if (waiting_ != 0) cv_.notify_all();
+    }
+
+    template <class T>
+    ticket_type<T> stage_impl(const T* source, std::size_t count, stream_type stream, wait_mode mode,
+                              time_point deadline, std::chrono::nanoseconds limit) {
+        const std::size_t bytes = request_bytes<T>(count);
+        if (source == nullptr) throw std::invalid_argument("custody: staging ring: null source");
+        const int device = platform_type::stream_device(stream);
+        static_cast<void>(row(device)); // create the device's events before anything changes
+        const auto p = acquire(bytes, alignof(T), mode, deadline, limit);
+        if (!p) return {};
+        T* staged = pointer<T>(p->offset);
+        try {
+            enqueue_then_record(event(device, p->slot), device, stream,
+                                [&] { platform_type::memcpy_async(staged, source, bytes, stream); });
+        } catch (...) {
+            cancel(p->slot, false);
+            throw;
+        }
+        std::lock_guard lock(mutex_);
+        detail::region& r = index_.at(p->slot);
+        r.state = detail::region_state::held;
+        r.device = device;
+        stats_.bytes_in_flight += bytes;
+        stats_.bytes_downloaded += bytes;
+        ++stats_.downloads;
+        return ticket_type<T>(this, p->slot, std::span<const T>(staged, count));
+    }
+
+    /// A held region's event is recorded and never re-recorded while held: safe to use unlocked.
+    bool ticket_ready(std::size_t slot) {
+        int device = 0;
+        {
+            std::lock_guard lock(mutex_);
+            device = index_.at(slot).device;
+        }
+        return event(device, slot).ready();
+    }
+    void ticket_wait(std::size_t slot) {
+        int device = 0;
+        {
+            std::lock_guard lock(mutex_);
+            device = index_.at(slot).device;
+        }
+        event(device, slot).synchronize();
+    }
+    void ticket_release(std::size_t slot) noexcept {
+        std::lock_guard lock(mutex_);
+        index_.at(slot).state = detail::region_state::in_flight; // reclaimed once its copy is done
+        if (waiting_ != 0) cv_.notify_all();
+    }
+
+    Upstream upstream_;
+    mutable std::mutex mutex_;     ///< guards index_, stats_, waiting_
+    std::condition_variable cv_;   ///< signalled when a region is committed, given back or released
+    detail::ring_index index_;
+    std::size_t chunk_bytes_;
+    int device_count_;
+    std::unique_ptr<event_row[]> rows_; ///< rows_[d] for each device d < device_count_
+    std::mutex rows_mutex_;             ///< serializes building a row
+    std::byte* base_ = nullptr;         ///< the region: capacity() bytes at `alignment`
+    std::size_t waiting_ = 0;           ///< threads inside wait_for_room
+    staging_statistics stats_;
+};
+
+} // namespace custody::staging
