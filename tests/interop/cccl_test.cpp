@@ -3,15 +3,17 @@
 // without one).
 #include <custody/interop/cccl.hpp>
 #include <custody/platform/cuda.hpp>
+#include <custody/pool/stream_ordered_pool.hpp>
+#include <custody/resource/cuda_async.hpp>
+#include <custody/resource/cuda_malloc.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
+#include <custody/resource/managed.hpp>
+#include <custody/resource/pinned_host.hpp>
 #include <custody/resource/virtual_device_memory.hpp>
-
-#include "cuda_test_resources.hpp"
 
 #include <cuda_runtime_api.h>
 
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <cstddef>
@@ -21,15 +23,25 @@
 
 namespace {
 
-using custody::test::test_device_memory;
-using custody::test::test_managed_memory;
+using custody::resource::cuda_async;
+using custody::resource::cuda_malloc;
+using custody::resource::managed;
+using custody::resource::pinned_host;
 using custody::interop::cccl_resource;
 namespace mr = ::cuda::mr;
 
 // The compile-time proof: signatures, argument order and properties as CCCL expects them.
-static_assert(mr::async_resource_with<cccl_resource<test_device_memory>, mr::device_accessible>);
-static_assert(!mr::resource_with<cccl_resource<test_device_memory>, mr::host_accessible>);
-static_assert(mr::async_resource_with<cccl_resource<test_managed_memory>, mr::device_accessible, mr::host_accessible>);
+// Device memory: device accessible only.
+static_assert(mr::async_resource_with<cccl_resource<cuda_async>, mr::device_accessible>);
+static_assert(!mr::resource_with<cccl_resource<cuda_async>, mr::host_accessible>);
+static_assert(mr::async_resource_with<cccl_resource<cuda_malloc>, mr::device_accessible>);
+static_assert(!mr::resource_with<cccl_resource<cuda_malloc>, mr::host_accessible>);
+// Pinned and managed memory: both sides.
+static_assert(mr::async_resource_with<cccl_resource<pinned_host>, mr::device_accessible, mr::host_accessible>);
+static_assert(mr::async_resource_with<cccl_resource<managed>, mr::device_accessible, mr::host_accessible>);
+// A custody pool over device memory is handed to CCCL code the same way.
+static_assert(mr::async_resource_with<cccl_resource<custody::pool::stream_ordered_pool<cuda_async>>,
+                                      mr::device_accessible>);
 // A host-platform resource has no CUDA streams: a synchronous CCCL resource, host accessible only.
 static_assert(mr::resource_with<cccl_resource<custody::resource::host_memory>, mr::host_accessible>);
 static_assert(!mr::async_resource<cccl_resource<custody::resource::host_memory>>);
@@ -66,7 +78,7 @@ TEST_CASE("a host resource works through cuda::mr::resource_ref without a device
 }
 
 TEST_CASE("a cuda resource is used through cuda::mr::async_resource_ref", "[interop][cccl][gpu]") {
-    test_device_memory memory(0);
+    cuda_async memory(0);
     cccl_resource adaptor(memory);
     custody::cuda::stream stream(0);
     void* p = cccl_allocate(adaptor, 1 << 20, ::cuda::stream_ref(stream.view().get()));
@@ -77,7 +89,7 @@ TEST_CASE("a cuda resource is used through cuda::mr::async_resource_ref", "[inte
     custody::cuda::platform::synchronize(stream.view());
     CHECK(memory.statistics().live_bytes == 0);
     // Equality follows custody's: interchangeable resources on one device compare equal.
-    test_device_memory other(0);
+    cuda_async other(0);
     CHECK(cccl_resource(other) == adaptor);
     // Exhaustion arrives as std::bad_alloc through the CCCL reference.
     mr::async_resource_ref<mr::device_accessible> ref(adaptor);
@@ -86,17 +98,20 @@ TEST_CASE("a cuda resource is used through cuda::mr::async_resource_ref", "[inte
     CHECK(memory.statistics().live_bytes == 0);
 }
 
-int main(int argc, char** argv) {
-    Catch::Session session;
-    if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
-    const bool have_device = custody::cuda::device_count() > 0;
-    if (!have_device) session.configData().testsOrTags.emplace_back("~[gpu]");
-    session.useConfigData(session.configData());
-    const int failed = session.run();
-    if (failed != 0) return failed;
-    if (!have_device) {
-        std::puts("no CUDA device: the GPU cases were skipped (the static_asserts hold)");
-        return 77;
-    }
-    return 0;
+TEST_CASE("a custody pool is used through cuda::mr::async_resource_ref", "[interop][cccl][gpu]") {
+    custody::pool::stream_ordered_pool<cuda_async> pool(custody::pool::pool_options{}, 0);
+    cccl_resource adaptor(pool);
+    custody::cuda::stream stream(0);
+    const ::cuda::stream_ref s(stream.view().get());
+    void* p = cccl_allocate(adaptor, 1 << 20, s);
+    REQUIRE(p != nullptr);
+    CHECK(pool.statistics().live_bytes == (1 << 20));
+    const auto reserved = pool.statistics().reserved_bytes;
+    cccl_deallocate(adaptor, p, 1 << 20, s);
+    void* q = cccl_allocate(adaptor, 1 << 20, s); // served from what the pool already holds
+    REQUIRE(q != nullptr);
+    CHECK(pool.statistics().reserved_bytes == reserved);
+    cccl_deallocate(adaptor, q, 1 << 20, s);
+    custody::cuda::platform::synchronize(stream.view());
+    CHECK(pool.statistics().live_bytes == 0);
 }

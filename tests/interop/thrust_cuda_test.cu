@@ -3,7 +3,7 @@
 #include <custody/interop/thrust.hpp>
 #include <custody/platform/cuda.hpp>
 
-#include "cuda_test_resources.hpp"
+#include <custody/resource/cuda_async.hpp>
 
 #include <thrust/device_vector.h>
 #include <thrust/execution_policy.h>
@@ -14,7 +14,7 @@
 #include <cstdio>
 
 using custody::interop::thrust_allocator;
-using custody::test::test_device_memory;
+using custody::resource::cuda_async;
 
 static_assert(THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA, "this test runs Thrust's CUDA path");
 
@@ -31,10 +31,10 @@ int main() {
         std::puts("no CUDA device: skipped (the program compiled with nvcc)");
         return 77;
     }
-    test_device_memory memory(0);
+    cuda_async memory(0);
     custody::cuda::stream stream(0);
     {
-        using alloc = thrust_allocator<float, test_device_memory>;
+        using alloc = thrust_allocator<float, cuda_async>;
         thrust::device_vector<float, alloc> v(1 << 20, 1.0f, alloc(memory, stream.view()));
         EXPECT(memory.statistics().live_bytes == (1u << 20) * sizeof(float));
         const float sum = thrust::reduce(thrust::cuda::par.on(stream.view().get()), v.begin(), v.end());
@@ -43,7 +43,7 @@ int main() {
         thrust::sequence(thrust::cuda::par.on(stream.view().get()), v.begin(), v.end());
         EXPECT(memory.statistics().allocations == 2);
         // Temporary storage of an algorithm, from the same resource, through the policy.
-        thrust_allocator<char, test_device_memory> scratch(memory, stream.view());
+        thrust_allocator<char, cuda_async> scratch(memory, stream.view());
         thrust::sort(thrust::cuda::par(scratch).on(stream.view().get()), v.begin(), v.end());
         EXPECT(memory.statistics().allocations >= 3);
     }

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -103,10 +104,9 @@ private:
 
     void reset() noexcept {
         if (comm_ == nullptr) return;
-        custody::cuda::detail::on_device_noexcept(device_, [&] {
-            const ncclResult_t status = ncclCommDestroy(comm_);
-            if (status != ncclSuccess) report_noexcept_failure("ncclCommDestroy", ncclGetErrorString(status));
-        });
+        custody::cuda::device_guard guard(device_, std::nothrow);
+        const ncclResult_t status = ncclCommDestroy(comm_);
+        if (status != ncclSuccess) report_noexcept_failure("ncclCommDestroy", ncclGetErrorString(status));
         comm_ = nullptr;
     }
 

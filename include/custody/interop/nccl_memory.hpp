@@ -7,12 +7,14 @@
 #include <custody/core/error.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/platform/cuda.hpp>
-#include <custody/resource/detail/leaf.hpp>
+#include <custody/resource/detail/cuda_leaf.hpp>
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <cstddef>
+#include <new>
+#include <source_location>
 
 namespace custody::interop::nccl {
 
@@ -23,43 +25,38 @@ namespace custody::interop::nccl {
 /// Stream semantics: ncclMemAlloc is synchronous, so allocate returns memory usable at once by
 /// work on any stream. deallocate on a stream first waits for the work already enqueued on that
 /// stream (cudaStreamSynchronize), then frees: a blocking call, which a pool makes rarely (when
-/// it trims). Prefer a pool over it for frequent allocations.
+/// it trims). Put a pool in front of it for frequent allocations.
+/// Errors: ncclMemAlloc reports exhaustion as a CUDA or system failure (ncclUnhandledCudaError,
+/// ncclSystemError): those are out_of_memory (nullptr from try_allocate); any other status is a
+/// caller or library bug and throws custody::nccl_error.
 /// Thread safety: thread-safe. Ownership: owns nothing beyond the blocks it hands out.
 /// Alignment: ncclMemAlloc aligns to the VMM granularity (at least 2 MiB on current GPUs);
-/// alignments up to 4096 are accepted. Exhaustion (any ncclMemAlloc failure) is out_of_memory.
+/// alignments up to 4096 are accepted.
 /// Equality: interchangeable per device (ncclMemFree frees any ncclMemAlloc block).
-/// Complexity: that of ncclMemAlloc (a VMM reservation and mapping: slow, microseconds to ms).
-class nccl_memory final : public custody::resource::detail::leaf<nccl_memory, custody::cuda::platform> {
+/// Complexity: that of ncclMemAlloc (a VMM reservation and mapping: microseconds to milliseconds).
+class nccl_memory final : public custody::resource::detail::synchronous_cuda_leaf<nccl_memory> {
 public:
     static constexpr const char* name = "nccl_memory";
     static constexpr std::size_t max_alignment = custody::max_alignment;
     static constexpr bool interchangeable = true;
 
     /// Memory of `device` (by default the calling thread's current device).
-    explicit nccl_memory(int device = custody::cuda::current_device()) noexcept : leaf(device) {}
+    explicit nccl_memory(int device = custody::cuda::current_device()) noexcept : synchronous_cuda_leaf(device) {}
 
-    void* raw_allocate_sync(std::size_t bytes, std::size_t) noexcept {
+    void* raw_allocate_sync(std::size_t bytes, std::size_t) {
+        custody::cuda::device_guard guard(device());
         void* ptr = nullptr;
-        custody::cuda::detail::on_device_noexcept(device(), [&] {
-            if (ncclMemAlloc(&ptr, bytes) != ncclSuccess) {
-                static_cast<void>(cudaGetLastError());
-                ptr = nullptr;
-            }
-        });
-        return ptr;
+        const ncclResult_t status = ncclMemAlloc(&ptr, bytes);
+        if (status == ncclSuccess) return ptr;
+        static_cast<void>(cudaGetLastError());
+        if (status == ncclUnhandledCudaError || status == ncclSystemError) return nullptr;
+        custody::detail::throw_nccl_error(static_cast<int>(status), ncclGetErrorString(status), "ncclMemAlloc",
+                                          std::source_location::current());
     }
     void raw_deallocate_sync(void* ptr, std::size_t, std::size_t) noexcept {
-        custody::cuda::detail::on_device_noexcept(device(), [&] {
-            const ncclResult_t status = ncclMemFree(ptr);
-            if (status != ncclSuccess) report_noexcept_failure("ncclMemFree", ncclGetErrorString(status));
-        });
-    }
-    void* raw_allocate(stream_type, std::size_t bytes, std::size_t alignment) noexcept {
-        return raw_allocate_sync(bytes, alignment);
-    }
-    void raw_deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaStreamSynchronize(stream.get()));
-        raw_deallocate_sync(ptr, bytes, alignment);
+        custody::cuda::device_guard guard(device(), std::nothrow);
+        const ncclResult_t status = ncclMemFree(ptr);
+        if (status != ncclSuccess) report_noexcept_failure("ncclMemFree", ncclGetErrorString(status));
     }
 
     friend void get_property(const nccl_memory&, device_accessible) noexcept {}
