@@ -5,6 +5,8 @@
 #include "custody_torch_allocator.h"
 
 #include <custody/interop/torch_allocator.hpp>
+#include <custody/pool/pool_options.hpp>
+#include <custody/pool/stream_ordered_pool.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -15,6 +17,7 @@
 
 #if defined(CUSTODY_TORCH_CUDA)
 #include <custody/platform/cuda.hpp>
+#include <custody/pool/cuda_memory_info.hpp>
 #include <custody/resource/cuda_async.hpp>
 #else
 #include <custody/platform/host.hpp>
@@ -31,10 +34,9 @@ using platform = custody::host::platform;
 using upstream = custody::resource::virtual_device_memory;
 #endif
 
-/// The per-device resource over `Upstream`, and how one is made for a device: change the two
-/// together. (The upstream alone serves every request today; the stream-ordered pool goes here.)
+/// The per-device resource: custody's stream-ordered pool over the device's memory.
 template <class Upstream>
-using device_pool = Upstream;
+using device_pool = custody::pool::stream_ordered_pool<Upstream>;
 
 /// CUSTODY_TORCH_MAX_BYTES caps each device's memory (0 or unset: no cap beyond the device's).
 std::size_t max_bytes() {
@@ -43,13 +45,18 @@ std::size_t max_bytes() {
     return static_cast<std::size_t>(std::strtoull(text, nullptr, 10));
 }
 
+/// Makes `device`'s pool with the default options (see docs/pool.md), capped by
+/// CUSTODY_TORCH_MAX_BYTES. On CUDA the pool keeps the device's headroom free, asking the device
+/// for its free memory at each growth; the host build's virtual devices are as large as the cap.
 std::unique_ptr<device_pool<upstream>> make_device_pool(int device) {
-#if defined(CUSTODY_TORCH_CUDA)
-    static_cast<void>(max_bytes());
-    return std::make_unique<device_pool<upstream>>(device);
-#else
+    custody::pool::pool_options options;
     const std::size_t cap = max_bytes();
-    return std::make_unique<device_pool<upstream>>(device, cap != 0 ? cap : std::size_t{8} << 30);
+    if (cap != 0) options.maximum_size = cap;
+#if defined(CUSTODY_TORCH_CUDA)
+    options.memory_info = &custody::pool::cuda_memory_info;
+    return std::make_unique<device_pool<upstream>>(options, device);
+#else
+    return std::make_unique<device_pool<upstream>>(options, device, cap != 0 ? cap : std::size_t{8} << 30);
 #endif
 }
 

@@ -9,7 +9,6 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
-#include <custody/core/report.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/platform/platform.hpp>
 
@@ -90,14 +89,8 @@ public:
                            ", size " + std::to_string(size) + ")");
             return;
         }
-        try {
-            basic_device_guard<platform_type> guard(device);
-            r->deallocate(stream, ptr, static_cast<std::size_t>(size), alignment);
-        } catch (const std::exception& e) {
-            // The device could not be made current (a broken driver, or the process is exiting):
-            // the block cannot be given back safely, and is left to the process's end.
-            report_failure(e.what());
-        }
+        basic_device_guard<platform_type> guard(device, std::nothrow);
+        r->deallocate(stream, ptr, static_cast<std::size_t>(size), alignment);
     }
 
     /// The statistics of `device`'s resource (all zeros before its first allocation).
@@ -138,7 +131,16 @@ public:
                     std::to_string(s.live_allocations) + " blocks, peak live " + std::to_string(s.peak_live_bytes) +
                     " B, reserved " + std::to_string(s.reserved_bytes) + " B (peak " +
                     std::to_string(s.peak_reserved_bytes) + " B), " + std::to_string(s.allocations) +
-                    " allocations, " + std::to_string(s.deallocations) + " deallocations\n";
+                    " allocations, " + std::to_string(s.deallocations) + " deallocations";
+            if constexpr (requires(const Resource& r) { r.detailed_statistics().largest_free_block; }) {
+                // A pool: where the reserve is, and how fragmented.
+                const auto p = guarded<decltype(existing(d)->detailed_statistics())>(
+                    {}, [&] { return existing(d)->detailed_statistics(); });
+                text += "; " + std::to_string(p.chunks) + " chunks, " + std::to_string(p.stream_cached_bytes) +
+                        " B cached on streams, " + std::to_string(p.shared_free_bytes) + " B free to all, largest free block " +
+                        std::to_string(p.largest_free_block) + " B";
+            }
+            text += "\n";
         }
         if (text.empty()) text = "custody: no device used yet\n";
         return text;
