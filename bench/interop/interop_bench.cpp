@@ -1,10 +1,12 @@
 // Interop overheads, peers side by side in one run:
 //   pmr_churn/<resource>     a std::pmr::memory_resource serving batches of mixed-size blocks
 //   pluggable/<path>         PyTorch's entry point (pluggable_allocator) against the resource
-//                            called directly, on one host virtual device
+//                            called directly, on one host virtual device, bare and pooled
 #include <custody/interop/pmr.hpp>
 #include <custody/interop/torch_allocator.hpp>
 #include <custody/platform/host.hpp>
+#include <custody/pool/pool_options.hpp>
+#include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/host_memory.hpp>
 #include <custody/resource/virtual_device_memory.hpp>
 
@@ -48,6 +50,12 @@ void pmr_churn_custody_host_memory(benchmark::State& state) {
     churn(state, adaptor);
 }
 
+void pmr_churn_custody_pool(benchmark::State& state) {
+    custody::pool::stream_ordered_pool<custody::resource::host_memory> pool(custody::pool::pool_options{});
+    custody::interop::pmr_adaptor adaptor(pool);
+    churn(state, adaptor);
+}
+
 void pmr_churn_unsynchronized_pool(benchmark::State& state) {
     std::pmr::unsynchronized_pool_resource pool;
     churn(state, pool);
@@ -72,6 +80,34 @@ void pluggable_direct(benchmark::State& state) {
     state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
 }
 
+using device_pool = custody::pool::stream_ordered_pool<device_resource>;
+
+void pluggable_pool_direct(benchmark::State& state) {
+    device_pool pool(custody::pool::pool_options{}, 0, std::size_t{1} << 30);
+    const auto sz = sizes();
+    std::array<void*, batch> blocks{};
+    for (auto _ : state) {
+        for (std::size_t i = 0; i < batch; ++i) blocks[i] = pool.allocate({}, sz[i], 256);
+        benchmark::DoNotOptimize(blocks.data());
+        for (std::size_t i = 0; i < batch; ++i) pool.deallocate({}, blocks[i], sz[i], 256);
+    }
+    state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
+}
+
+void pluggable_pool_entry_point(benchmark::State& state) {
+    custody::interop::pluggable_allocator<device_pool> alloc(1, [](int device) {
+        return std::make_unique<device_pool>(custody::pool::pool_options{}, device, std::size_t{1} << 30);
+    });
+    const auto sz = sizes();
+    std::array<void*, batch> blocks{};
+    for (auto _ : state) {
+        for (std::size_t i = 0; i < batch; ++i) blocks[i] = alloc.alloc(static_cast<std::ptrdiff_t>(sz[i]), 0, {});
+        benchmark::DoNotOptimize(blocks.data());
+        for (std::size_t i = 0; i < batch; ++i) alloc.free(blocks[i], static_cast<std::ptrdiff_t>(sz[i]), 0, {});
+    }
+    state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
+}
+
 void pluggable_entry_point(benchmark::State& state) {
     custody::interop::pluggable_allocator<device_resource> alloc(
         1, [](int device) { return std::make_unique<device_resource>(device, std::size_t{1} << 30); });
@@ -89,9 +125,12 @@ void pluggable_entry_point(benchmark::State& state) {
 
 BENCHMARK(pmr_churn_new_delete)->Name("pmr_churn/new_delete_resource");
 BENCHMARK(pmr_churn_custody_host_memory)->Name("pmr_churn/pmr_adaptor<host_memory>");
+BENCHMARK(pmr_churn_custody_pool)->Name("pmr_churn/pmr_adaptor<stream_ordered_pool<host_memory>>");
 BENCHMARK(pmr_churn_unsynchronized_pool)->Name("pmr_churn/unsynchronized_pool_resource");
 BENCHMARK(pmr_churn_synchronized_pool)->Name("pmr_churn/synchronized_pool_resource");
 BENCHMARK(pluggable_direct)->Name("pluggable/virtual_device_memory_direct");
 BENCHMARK(pluggable_entry_point)->Name("pluggable/pluggable_allocator<virtual_device_memory>");
+BENCHMARK(pluggable_pool_direct)->Name("pluggable/stream_ordered_pool_direct");
+BENCHMARK(pluggable_pool_entry_point)->Name("pluggable/pluggable_allocator<stream_ordered_pool>");
 
 BENCHMARK_MAIN();
