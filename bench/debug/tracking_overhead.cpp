@@ -17,7 +17,7 @@ using custody::resource::host_memory;
 
 tracking_options options(bool canaries_and_poison, bool stacks) {
     tracking_options o;
-    o.rank = custody::debug::rank_info{};
+    o.rank = custody::rank_info{};
     o.canaries = canaries_and_poison;
     o.poison = canaries_and_poison;
     o.capture_stacks = stacks;

@@ -42,7 +42,7 @@ struct tracking_host_memory_case {
     static std::unique_ptr<resource> make() {
         custody::debug::tracking_options o;
         o.name = "contract";
-        o.rank = custody::debug::rank_info{};
+        o.rank = custody::rank_info{};
         return std::make_unique<resource>(o);
     }
     static constexpr std::size_t max_alignment = custody::resource::host_memory::max_alignment;

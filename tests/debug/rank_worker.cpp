@@ -7,7 +7,7 @@
 #include <custody/debug/detail/json.hpp>
 #include <custody/debug/json_report.hpp>
 #include <custody/debug/owner_scope.hpp>
-#include <custody/debug/rank.hpp>
+#include <custody/core/rank.hpp>
 #include <custody/debug/tracking_resource.hpp>
 #include <custody/resource/virtual_device_memory.hpp>
 
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
     if (argc == 4 && std::string(argv[1]) == "--check-trace") return check_trace(argv[2], std::stoi(argv[3]));
     if (argc != 2) return fail("usage: rank_worker DIR | --check-trace FILE N");
     const rank_info rank = detect_rank();
-    if (rank.source != "env:torchrun") return fail("RANK is not set");
+    if (rank.source != "torchrun") return fail("RANK is not set");
     tracking_options o;
     o.name = "rank" + std::to_string(rank.rank);
     o.rank = rank;

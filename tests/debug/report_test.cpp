@@ -4,7 +4,7 @@
 
 #include <custody/debug/json_report.hpp>
 #include <custody/debug/merge.hpp>
-#include <custody/debug/rank.hpp>
+#include <custody/core/rank.hpp>
 #include <custody/debug/tracking_resource.hpp>
 #include <custody/resource/host_memory.hpp>
 
@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <string_view>
 #include <set>
 #include <sstream>
 #include <string>
@@ -28,9 +30,10 @@ using namespace custody::debug;
 namespace {
 
 rank_info from(const std::map<std::string, std::string>& env) {
-    return detect_rank([&](const char* name) -> const char* {
-        const auto it = env.find(name);
-        return it == env.end() ? nullptr : it->second.c_str();
+    return detect_rank([&](std::string_view name) -> std::optional<std::string> {
+        const auto it = env.find(std::string(name));
+        if (it == env.end()) return std::nullopt;
+        return it->second;
     });
 }
 
@@ -64,27 +67,23 @@ rank_report sample_report(int rank, int world, std::size_t kv_factor = 1) {
 
 } // namespace
 
-TEST_CASE("detect_rank reads torchrun, Open MPI and Slurm variables in that order", "[debug][rank]") {
-    CHECK(from({}) == rank_info{0, 0, 1, "default"});
-    CHECK(from({{"RANK", "3"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "8"}}) == rank_info{3, 1, 8, "env:torchrun"});
+TEST_CASE("detect_rank reads the launcher's variables, and outside a job is rank 0 of 1", "[debug][rank]") {
+    CHECK(from({}) == rank_info{0, 0, 1, -1, "default"});
+    CHECK(from({{"RANK", "3"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "8"}}) == rank_info{3, 1, 8, -1, "torchrun"});
     CHECK(from({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "6"}}) ==
-          rank_info{5, 1, 6, "env:openmpi"});
+          rank_info{5, 1, 6, -1, "Open MPI"});
     CHECK(from({{"SLURM_PROCID", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS", "4"}}) ==
-          rank_info{2, 0, 4, "env:slurm"});
-    // torchrun wins over Slurm when both are set (torchrun under Slurm).
-    CHECK(from({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}).source ==
-          "env:torchrun");
-    // A missing local rank defaults to the rank; a missing world size to rank + 1.
-    CHECK(from({{"RANK", "4"}}) == rank_info{4, 4, 5, "env:torchrun"});
-    // Garbage or contradictions are skipped, and the next launcher is tried.
-    CHECK(from({{"RANK", "x1"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}) == rank_info{1, 1, 2, "env:slurm"});
-    CHECK(from({{"RANK", "4"}, {"WORLD_SIZE", "4"}}) == rank_info{});
-    CHECK(from({{"RANK", "-1"}}) == rank_info{});
-    CHECK(from({{"RANK", ""}}) == rank_info{});
-    CHECK(make_rank(2, 0, 4) == rank_info{2, 0, 4, "caller"});
-    CHECK_THROWS_AS(make_rank(4, 0, 4), std::invalid_argument);
-    CHECK_THROWS_AS(make_rank(1, 2, 4), std::invalid_argument);
-    CHECK_THROWS_AS(make_rank(0, 0, 0), std::invalid_argument);
+          rank_info{2, 0, 4, -1, "Slurm"});
+    // Variables that are set but wrong are an error, not a silent rank 0: a report filed under the
+    // wrong rank is worse than none.
+    CHECK_THROWS_AS(from({{"RANK", "4"}}), custody::rank_error);                                  // incomplete
+    CHECK_THROWS_AS(from({{"RANK", "4"}, {"LOCAL_RANK", "0"}, {"WORLD_SIZE", "4"}}), custody::rank_error); // rank >= size
+    CHECK_THROWS_AS(from({{"RANK", "-1"}, {"LOCAL_RANK", "0"}, {"WORLD_SIZE", "4"}}), custody::rank_error);
+    CHECK_THROWS_AS(from({{"RANK", ""}, {"LOCAL_RANK", "0"}, {"WORLD_SIZE", "4"}}), custody::rank_error);
+    CHECK(make_rank(2, 0, 4) == rank_info{2, 0, 4, -1, "caller"});
+    CHECK_THROWS_AS(make_rank(4, 0, 4), custody::rank_error);
+    CHECK_THROWS_AS(make_rank(1, 4, 4), custody::rank_error);
+    CHECK_THROWS_AS(make_rank(0, 0, 0), custody::rank_error);
 }
 
 TEST_CASE("the JSON reader handles the grammar and reports truncation apart", "[debug][json]") {

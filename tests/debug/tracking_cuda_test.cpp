@@ -54,7 +54,7 @@ static_assert(custody::try_allocatable_resource<tracker>);
 
 custody::debug::tracking_options quiet() {
     custody::debug::tracking_options o;
-    o.rank = custody::debug::rank_info{};
+    o.rank = custody::rank_info{};
     o.on_leak = custody::debug::policy::ignore;
     return o;
 }

@@ -599,8 +599,8 @@ TEST_CASE("bad arguments change nothing", "[debug][errors]") {
     o.guard_bytes = 1000;
     CHECK_THROWS_AS(tracker(o), std::invalid_argument);
     tracking_options bad_rank;
-    bad_rank.rank = rank_info{3, 0, 2, "caller"};
-    CHECK_THROWS_AS(tracker(bad_rank), std::invalid_argument);
+    bad_rank.rank = rank_info{3, 0, 2, -1, "caller"};
+    CHECK_THROWS_AS(tracker(bad_rank), custody::rank_error);
     t.deallocate({}, held, 10, 16);
 }
 

@@ -37,7 +37,7 @@ TEST_CASE("ncclMemAlloc memory follows custody's contract", "[interop][nccl][gpu
 
 TEST_CASE("a one-rank communicator binds its device and checks it", "[interop][nccl][gpu]") {
     const auto id = nccl::make_unique_id();
-    const custody::interop::rank_info me{0, 0, 1, 1, "caller"};
+    const custody::rank_info me{0, 0, 1, 1, "caller"};
     nccl::communicator comm(id, me, 0);
     CHECK(comm.rank() == 0);
     CHECK(comm.size() == 1);

@@ -1,8 +1,8 @@
-// interop/rank.hpp and interop/bind_device.hpp: rank detection from launcher environments, and the
+// core/rank.hpp and interop/bind_device.hpp: rank detection from launcher environments, and the
 // duplicate-device check run by N ranks as N threads meeting at a barrier (the host path of the
 // exchange an NCCL communicator does on GPUs).
 #include <custody/interop/bind_device.hpp>
-#include <custody/interop/rank.hpp>
+#include <custody/core/rank.hpp>
 #include <custody/platform/host.hpp>
 
 #include <catch2/catch.hpp>
@@ -22,14 +22,14 @@ using custody::interop::binding_options;
 using custody::interop::device_binding;
 using custody::interop::device_claim;
 using custody::interop::duplicate_device_error;
-using custody::interop::rank_error;
-using custody::interop::rank_from_environment;
-using custody::interop::rank_info;
+using custody::rank_error;
+using custody::rank_from_environment;
+using custody::rank_info;
 using host_platform = custody::host::platform;
 
 namespace {
 
-custody::interop::environment_lookup env(std::map<std::string, std::string> vars) {
+custody::environment_lookup env(std::map<std::string, std::string> vars) {
     return [vars = std::move(vars)](std::string_view name) -> std::optional<std::string> {
         const auto it = vars.find(std::string(name));
         if (it == vars.end()) return std::nullopt;

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <custody/core/error.hpp>
-#include <custody/debug/rank.hpp>
+#include <custody/core/rank.hpp>
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>

@@ -6,7 +6,7 @@
 
 #include <custody/core/statistics.hpp>
 #include <custody/debug/owner_scope.hpp>
-#include <custody/debug/rank.hpp>
+#include <custody/core/rank.hpp>
 #include <custody/debug/detail/call_stack.hpp>
 
 #include <algorithm>

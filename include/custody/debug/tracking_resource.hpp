@@ -22,7 +22,7 @@
 #include <custody/debug/detail/call_stack.hpp>
 #include <custody/debug/detail/registry.hpp>
 #include <custody/debug/owner_scope.hpp>
-#include <custody/debug/rank.hpp>
+#include <custody/core/rank.hpp>
 #include <custody/debug/report.hpp>
 
 #include <algorithm>
@@ -141,19 +141,16 @@ public:
     using upstream_type = Upstream;
 
     /// A tracker with `options` over an Upstream constructed from `upstream_args`.
-    /// Throws std::invalid_argument for guard_bytes outside 1..256 (with canaries on) or an
-    /// impossible rank (not 0 <= rank < world_size).
+    /// Throws std::invalid_argument for guard_bytes outside 1..256 (with canaries on), and
+    /// custody::rank_error for an impossible rank (see custody::validate) or a malformed launcher
+    /// environment.
     template <class... Args>
     explicit tracking_resource(tracking_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), options_(std::move(options)),
-          rank_(options_.rank ? *options_.rank : detect_rank()), start_(std::chrono::steady_clock::now()),
+          rank_(options_.rank ? validate(*options_.rank) : detect_rank()), start_(std::chrono::steady_clock::now()),
           start_unix_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count()) {
-        if (rank_.rank < 0 || rank_.world_size < 1 || rank_.rank >= rank_.world_size || rank_.local_rank < 0) {
-            throw std::invalid_argument("custody: rank " + std::to_string(rank_.rank) + " of " +
-                                        std::to_string(rank_.world_size) + " is not a valid rank");
-        }
         if (options_.canaries && (options_.guard_bytes == 0 || options_.guard_bytes > max_guard_bytes)) {
             throw std::invalid_argument("custody: guard_bytes must be within 1..256");
         }

@@ -4,7 +4,7 @@
 /// tests) that no two ranks on one host chose the same device.
 #pragma once
 
-#include <custody/interop/rank.hpp>
+#include <custody/core/rank.hpp>
 #include <custody/platform/platform.hpp>
 
 #include <unistd.h>

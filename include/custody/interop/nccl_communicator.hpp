@@ -5,7 +5,7 @@
 
 #include <custody/core/error.hpp>
 #include <custody/interop/bind_device.hpp>
-#include <custody/interop/rank.hpp>
+#include <custody/core/rank.hpp>
 #include <custody/platform/cuda.hpp>
 
 #include <cuda_runtime_api.h>

@@ -1,8 +1,10 @@
 /// @file
 /// `rank_info`: where this process stands among the ranks of a job (global rank, local rank, world
 /// size), read from the launcher's environment: torchrun and most launchers (RANK, LOCAL_RANK,
-/// WORLD_SIZE), Open MPI (OMPI_COMM_WORLD_*) and Slurm (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS).
-/// No CUDA: compiles with a plain C++20 compiler.
+/// WORLD_SIZE), Open MPI (OMPI_COMM_WORLD_*) and Slurm (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS),
+/// or given by the caller. One type for every layer: the tracking resource's reports and the
+/// device binding of interop/ read the same rank. (From an NCCL communicator:
+/// debug/nccl_rank.hpp.) No CUDA: compiles with a plain C++20 compiler.
 #pragma once
 
 #include <custody/core/error.hpp>
@@ -17,7 +19,7 @@
 #include <system_error>
 #include <utility>
 
-namespace custody::interop {
+namespace custody {
 
 /// Rank and device-binding failures: an environment that names no rank or an inconsistent one, a
 /// local rank without a device, two local ranks on one device.
@@ -33,8 +35,9 @@ struct rank_info {
     int local_rank = 0;
     int world_size = 1;
     int local_world_size = -1;
-    /// Where the values came from: "torchrun", "Open MPI", "Slurm" or "caller".
-    std::string source = "caller";
+    /// Where the values came from: "torchrun", "Open MPI", "Slurm", "caller", "nccl", or "default"
+    /// for a process outside any job (rank 0 of 1).
+    std::string source = "default";
 
     friend bool operator==(const rank_info&, const rank_info&) = default;
 };
@@ -144,4 +147,24 @@ inline rank_info validate(rank_info info) {
 /// Thread safety: safe unless another thread modifies the environment at the same time.
 [[nodiscard]] inline rank_info rank_from_environment() { return rank_from_environment(&detail::getenv_lookup); }
 
-} // namespace custody::interop
+/// As rank_from_environment, except that a process no launcher started (none of the rank variables
+/// is set) is rank 0 of 1 with source "default" instead of an error: for tools that also run
+/// outside a job, such as the tracking resource. Variables that are set but malformed or
+/// inconsistent are still a rank_error.
+[[nodiscard]] inline rank_info detect_rank(const environment_lookup& lookup) {
+    for (const auto& vars : detail::launchers) {
+        if (lookup(vars.rank)) return rank_from_environment(lookup);
+    }
+    return rank_info{};
+}
+
+/// detect_rank over this process's environment.
+[[nodiscard]] inline rank_info detect_rank() { return detect_rank(&detail::getenv_lookup); }
+
+/// A rank given by the caller, checked (see validate): throws rank_error unless
+/// 0 <= rank < world_size and 0 <= local_rank < world_size.
+[[nodiscard]] inline rank_info make_rank(int rank, int local_rank, int world_size) {
+    return validate(rank_info{rank, local_rank, world_size, -1, "caller"});
+}
+
+} // namespace custody
