@@ -1,0 +1,60 @@
+/// @file
+/// The convenience umbrella: everything custody has, for code that would rather not pick. No
+/// custody header includes it; prefer the single headers below in libraries (they say what they
+/// give), and this one in applications and quick experiments.
+///
+/// Always (a plain C++20 compiler, no CUDA):
+///   core/        errors, alignment, concepts (one argument order), resource_ref, statistics, ranks
+///   platform/    host.hpp: worker-thread streams and events, virtual devices
+///   resource/    host_memory, virtual_device_memory, fault_injecting
+///   pool/        stream_ordered_pool
+///   staging/     staging_ring
+///   debug/       tracking_resource, owner_scope, reports, the cross-rank merge
+///   buffer/      buffer, scalar
+///   interop/     pmr_adaptor, bind_device, pluggable_allocator
+/// With the CUDA runtime's headers on the include path (detected with __has_include):
+///   platform/cuda.hpp, resource/{cuda_malloc,cuda_async,pinned_host,managed}.hpp,
+///   buffer/device_buffer.hpp (device_buffer, pinned_buffer, device_scalar), pool/cuda_memory_info.hpp
+/// Not included, because they need more than the runtime: interop/cccl.hpp (CCCL's experimental
+/// memory resources), interop/thrust.hpp (Thrust), and the NCCL headers (interop/nccl_*.hpp,
+/// debug/nccl_*.hpp).
+#pragma once
+
+#include <custody/core/align.hpp>
+#include <custody/core/concepts.hpp>
+#include <custody/core/error.hpp>
+#include <custody/core/properties.hpp>
+#include <custody/core/rank.hpp>
+#include <custody/core/report.hpp>
+#include <custody/core/resource_ref.hpp>
+#include <custody/core/statistics.hpp>
+
+#include <custody/platform/host.hpp>
+#include <custody/platform/platform.hpp>
+
+#include <custody/resource/fault_injecting.hpp>
+#include <custody/resource/host_memory.hpp>
+#include <custody/resource/virtual_device_memory.hpp>
+
+#include <custody/pool/stream_ordered_pool.hpp>
+#include <custody/staging/staging_ring.hpp>
+#include <custody/debug/json_report.hpp>
+#include <custody/debug/merge.hpp>
+#include <custody/debug/owner_scope.hpp>
+#include <custody/debug/tracking_resource.hpp>
+
+#include <custody/buffer/buffer.hpp>
+
+#include <custody/interop/bind_device.hpp>
+#include <custody/interop/pmr.hpp>
+#include <custody/interop/torch_allocator.hpp>
+
+#if __has_include(<cuda_runtime_api.h>)
+#include <custody/buffer/device_buffer.hpp>
+#include <custody/platform/cuda.hpp>
+#include <custody/pool/cuda_memory_info.hpp>
+#include <custody/resource/cuda_async.hpp>
+#include <custody/resource/cuda_malloc.hpp>
+#include <custody/resource/managed.hpp>
+#include <custody/resource/pinned_host.hpp>
+#endif
