@@ -213,10 +213,10 @@ public:
         return allocate_for(stream, bytes, alignment, intern_owner(owner));
     }
     [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t alignment) {
-        return allocate_sync_for(bytes, alignment, current_owner());
+        return allocate_for(stream_type{}, bytes, alignment, current_owner(), true);
     }
     [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t alignment, std::string_view owner) {
-        return allocate_sync_for(bytes, alignment, intern_owner(owner));
+        return allocate_for(stream_type{}, bytes, alignment, intern_owner(owner), true);
     }
 
     /// Non-throwing allocate: nullptr when the upstream is exhausted (or the request overflows).
@@ -587,7 +587,10 @@ private:
         return synchronous ? platform_type::current_device() : platform_type::stream_device(stream);
     }
 
-    void* allocate_for(stream_type stream, std::size_t bytes, std::size_t alignment, owner_id owner) {
+    /// One path for both allocations: `synchronous` selects the upstream's synchronous pair (and
+    /// records the block as made on the default stream).
+    void* allocate_for(stream_type stream, std::size_t bytes, std::size_t alignment, owner_id owner,
+                       bool synchronous = false) {
         check_alignment(alignment, SIZE_MAX);
         if (guard_checks_pending_.load(std::memory_order_relaxed) != 0) drain_guard_checks(false);
         if (has_pending_.load(std::memory_order_relaxed)) rethrow_pending();
@@ -596,29 +599,13 @@ private:
         if (!l.valid) throw_out_of_memory(bytes, alignment, "the request plus its guards overflows");
         void* outer = nullptr;
         try {
-            outer = upstream_.allocate(stream, l.total, alignment);
+            outer = synchronous ? upstream_.allocate_sync(l.total, alignment)
+                                : upstream_.allocate(stream, l.total, alignment);
         } catch (const out_of_memory& e) {
             throw_out_of_memory(bytes, alignment, std::string("upstream: ") + e.what());
         }
         if (outer == nullptr) throw_out_of_memory(bytes, alignment, "upstream returned null");
-        return admit(outer, l, stream, false, bytes, alignment, owner, false);
-    }
-
-    void* allocate_sync_for(std::size_t bytes, std::size_t alignment, owner_id owner) {
-        check_alignment(alignment, SIZE_MAX);
-        if (guard_checks_pending_.load(std::memory_order_relaxed) != 0) drain_guard_checks(false);
-        if (has_pending_.load(std::memory_order_relaxed)) rethrow_pending();
-        if (bytes == 0) return nullptr;
-        const layout l = layout_for(bytes, alignment);
-        if (!l.valid) throw_out_of_memory(bytes, alignment, "the request plus its guards overflows");
-        void* outer = nullptr;
-        try {
-            outer = upstream_.allocate_sync(l.total, alignment);
-        } catch (const out_of_memory& e) {
-            throw_out_of_memory(bytes, alignment, std::string("upstream: ") + e.what());
-        }
-        if (outer == nullptr) throw_out_of_memory(bytes, alignment, "upstream returned null");
-        return admit(outer, l, stream_type{}, true, bytes, alignment, owner, false);
+        return admit(outer, l, stream, synchronous, bytes, alignment, owner, false);
     }
 
     [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::size_t alignment, std::string detail) const {
