@@ -263,20 +263,12 @@ public:
     /// Counters of the whole pool. Exact when no call is in flight; O(streams) (each shard's
     /// lock is taken briefly to read its counters).
     [[nodiscard]] resource_statistics statistics() const {
-        resource_statistics s;
         counters c = slow_counts();
         for_each_shard([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
             c += sh.counts;
         });
-        s.live_bytes = live_bytes_.load(std::memory_order_relaxed);
-        s.peak_live_bytes = peak_live_bytes_.load(std::memory_order_relaxed);
-        s.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
-        s.peak_reserved_bytes = peak_reserved_bytes_.load(std::memory_order_relaxed);
-        s.allocations = c.allocations;
-        s.deallocations = c.deallocations;
-        s.live_allocations = static_cast<std::size_t>(c.allocations - c.deallocations);
-        return s;
+        return totals(c);
     }
 
     /// Everything statistics() says and where the free memory is (see pool_statistics).
@@ -308,13 +300,7 @@ public:
             p.chunks = chunks_.size();
             p.quarantined_bytes = quarantined_bytes_.load(std::memory_order_relaxed);
         }
-        p.totals.live_bytes = live_bytes_.load(std::memory_order_relaxed);
-        p.totals.peak_live_bytes = peak_live_bytes_.load(std::memory_order_relaxed);
-        p.totals.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
-        p.totals.peak_reserved_bytes = peak_reserved_bytes_.load(std::memory_order_relaxed);
-        p.totals.allocations = c.allocations;
-        p.totals.deallocations = c.deallocations;
-        p.totals.live_allocations = static_cast<std::size_t>(c.allocations - c.deallocations);
+        p.totals = totals(c);
         p.live_block_bytes = static_cast<std::size_t>(c.block_bytes);
         p.streams = shard_count_.load(std::memory_order_acquire);
         p.fast_allocations = c.allocations - slow_allocations_.load(std::memory_order_relaxed);
@@ -398,6 +384,19 @@ private:
         std::array<detail::free_block, 4> recent{};
         std::size_t recent_count = 0; ///< recent_count <= recent.size()
     };
+
+    /// The pool-wide counters with the call counts `c` summed over the shards.
+    [[nodiscard]] resource_statistics totals(const counters& c) const noexcept {
+        resource_statistics s;
+        s.live_bytes = live_bytes_.load(std::memory_order_relaxed);
+        s.peak_live_bytes = peak_live_bytes_.load(std::memory_order_relaxed);
+        s.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
+        s.peak_reserved_bytes = peak_reserved_bytes_.load(std::memory_order_relaxed);
+        s.allocations = c.allocations;
+        s.deallocations = c.deallocations;
+        s.live_allocations = static_cast<std::size_t>(c.allocations - c.deallocations);
+        return s;
+    }
 
     // ---- construction helpers ----
 
