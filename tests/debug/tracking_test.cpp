@@ -416,10 +416,22 @@ TEST_CASE("freed memory is poisoned with NaN bytes before it goes back upstream"
     }
 }
 
-namespace {
-[[gnu::noinline]] void* allocate_from_site_a(tracker& t) { return t.allocate({}, 10, 16); }
-[[gnu::noinline]] void* allocate_from_site_b(tracker& t) { return t.allocate({}, 10, 16); }
-} // namespace
+// External linkage and -rdynamic (tests/debug/meson.build): the report can name these functions.
+// The barrier after the call keeps it from becoming a tail call, which would leave no frame.
+namespace custody_test_sites {
+[[gnu::noinline]] void* allocate_from_site_a(tracker& t) {
+    void* p = t.allocate({}, 10, 16);
+    asm volatile("" ::: "memory");
+    return p;
+}
+[[gnu::noinline]] void* allocate_from_site_b(tracker& t) {
+    void* p = t.allocate({}, 10, 16);
+    asm volatile("" ::: "memory");
+    return p;
+}
+} // namespace custody_test_sites
+using custody_test_sites::allocate_from_site_a;
+using custody_test_sites::allocate_from_site_b;
 
 TEST_CASE("the leak report groups live memory by owner and call stack, exactly", "[debug][leak]") {
     tracker t(quiet("leaks"));
@@ -469,6 +481,13 @@ TEST_CASE("with call stacks, one owner's leaks split by call site", "[debug][lea
     CHECK(r.groups[1].count == 1);
     CHECK_FALSE(r.groups[0].stack.empty());
     CHECK(r.groups[0].stack != r.groups[1].stack);
+    // Each report starts at the application's call site, not inside the tracker.
+    REQUIRE_FALSE(r.groups[1].stack.empty());
+    const bool a_first = r.groups[0].stack.front().find("allocate_from_site_a") != std::string::npos;
+    const auto& site_a = a_first ? r.groups[0].stack : r.groups[1].stack;
+    const auto& site_b = a_first ? r.groups[1].stack : r.groups[0].stack;
+    CHECK_THAT(site_a.front(), Catch::Contains("allocate_from_site_a"));
+    CHECK_THAT(site_b.front(), Catch::Contains("allocate_from_site_b"));
     for (void* p : blocks) t.deallocate({}, p, 10, 16);
 }
 

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace custody::debug::detail {
@@ -39,7 +40,9 @@ struct call_stack {
         return s;
     }
 
-    /// One line per frame ("binary(function+0x1f) [0x...]"). Allocates; for reports only.
+    /// One line per frame ("binary(function+0x1f) [0x...]"), starting at the caller's first frame:
+    /// the tracker's own frames on top of the stack (how many depends on inlining) are dropped, so
+    /// a report starts where the application asked for memory. Allocates; for reports only.
     [[nodiscard]] std::vector<std::string> symbolize() const {
         std::vector<std::string> lines;
         if (depth == 0) return lines;
@@ -49,6 +52,13 @@ struct call_stack {
             lines.push_back(symbols != nullptr ? demangle(symbols[i]) : hex(frames[static_cast<std::size_t>(i)]));
         }
         std::free(static_cast<void*>(symbols)); // NOLINT: backtrace_symbols returns one malloc'ed block
+        const auto own = [](const std::string& line) { // the function itself is custody::debug's
+            static constexpr std::string_view prefix = "custody::debug::";
+            const auto open = line.find('(');
+            return open != std::string::npos && line.compare(open + 1, prefix.size(), prefix) == 0;
+        };
+        const auto first_caller = std::find_if_not(lines.begin(), lines.end(), own);
+        if (first_caller != lines.end()) lines.erase(lines.begin(), first_caller);
         return lines;
     }
 
