@@ -698,6 +698,42 @@ TEST_CASE("a seeded random workload matches a reference model exactly", "[pool][
     }
 }
 
+TEST_CASE("the live peak is exact when bytes given back on one stream are allocated on another", "[pool][peak]") {
+    // A stream's frees leave their bytes counted pool-wide as that stream's credit; an allocation
+    // on another stream that would make a new peak takes those credits back first, so the peak is
+    // the true one, not live plus credits.
+    pool_options o;
+    o.max_streams = 2; // the third stream has no shard: its calls are counted pool-wide at once
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream a;
+    custody::host::stream b;
+    custody::host::stream c;
+    const auto peak = [&] { return pool.statistics().peak_live_bytes; };
+    void* pa = pool.allocate(a, 100 * KiB, 256);
+    pool.deallocate(a, pa, 100 * KiB, 256); // a: 100 KiB of credit
+    void* pb = pool.allocate(b, 60 * KiB, 256);
+    CHECK(peak() == 100 * KiB); // 60 KiB live, not 160
+    pa = pool.allocate(a, 50 * KiB, 256);
+    CHECK(peak() == 110 * KiB); // 60 + 50 live together
+    void* pc = pool.allocate(c, 30 * KiB, 256);
+    CHECK(peak() == 140 * KiB);
+    pool.deallocate(b, pc, 30 * KiB, 256); // allocated without a shard, given back on b
+    pool.deallocate(c, pb, 60 * KiB, 256); // allocated on b, given back without a shard
+    CHECK(pool.statistics().live_bytes == 50 * KiB);
+    void* pb2 = pool.allocate(b, 80 * KiB, 256); // b's 30 KiB credit covers part: 130 KiB live
+    CHECK(peak() == 140 * KiB);
+    void* pc2 = pool.allocate(c, 20 * KiB, 256); // 150 KiB live
+    CHECK(peak() == 150 * KiB);
+    pool.deallocate(a, pa, 50 * KiB, 256);
+    pool.deallocate(b, pb2, 80 * KiB, 256);
+    pool.deallocate(c, pc2, 20 * KiB, 256);
+    const auto s = pool.statistics();
+    CHECK(s.live_bytes == 0);
+    CHECK(s.peak_live_bytes == 150 * KiB);
+    CHECK(s.live_allocations == 0);
+    platform::synchronize(c);
+}
+
 // ---- threads -------------------------------------------------------------------------------------
 
 TEST_CASE("eight threads on shared and own streams, freeing each other's blocks", "[pool][threads]") {
@@ -762,6 +798,50 @@ TEST_CASE("eight threads on shared and own streams, freeing each other's blocks"
     check_accounting(pool);
     pool.trim();
     CHECK(pool.statistics().reserved_bytes == 0);
+}
+
+TEST_CASE("threads on their own streams: the peak lies between the largest and the sum of their peaks",
+          "[pool][threads][peak]") {
+    // Each thread's live bytes are part of the pool's at every moment, so the pool's peak is at
+    // least any thread's; and it never counts memory no thread held: at most the sum of the
+    // threads' peaks (what a peak that kept other streams' credits as live would exceed).
+    stream_ordered_pool<host_memory> pool;
+    constexpr int threads = 4;
+    std::vector<custody::host::stream> streams(threads);
+    std::vector<std::size_t> peaks(threads, 0);
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+        workers.emplace_back([&, t] {
+            std::mt19937 rng(7u + static_cast<unsigned>(t));
+            const auto own = streams[static_cast<std::size_t>(t)].view();
+            std::vector<std::pair<void*, std::size_t>> mine;
+            std::size_t live = 0, peak = 0;
+            for (int i = 0; i < 20000; ++i) {
+                if (rng() % 2 == 0 || mine.empty()) {
+                    const std::size_t n = 1 + rng() % (64 * KiB);
+                    mine.emplace_back(pool.allocate(own, n, 256), n);
+                    live += n;
+                    peak = std::max(peak, live);
+                } else {
+                    const std::size_t k = rng() % mine.size();
+                    std::swap(mine[k], mine.back());
+                    pool.deallocate(own, mine.back().first, mine.back().second, 256);
+                    live -= mine.back().second;
+                    mine.pop_back();
+                }
+            }
+            for (auto [p, n] : mine) pool.deallocate(own, p, n, 256);
+            peaks[static_cast<std::size_t>(t)] = peak;
+        });
+    }
+    for (auto& w : workers) w.join();
+    std::size_t sum = 0;
+    for (std::size_t p : peaks) sum += p;
+    const auto s = pool.statistics();
+    CHECK(s.live_bytes == 0);
+    CHECK(s.peak_live_bytes >= *std::max_element(peaks.begin(), peaks.end()));
+    CHECK(s.peak_live_bytes <= sum);
+    check_accounting(pool);
 }
 
 TEST_CASE("threads trimming and reading statistics while others allocate", "[pool][threads]") {

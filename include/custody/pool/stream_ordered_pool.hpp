@@ -85,7 +85,9 @@ namespace custody::pool {
 ///
 /// **Thread safety.** Thread-safe. The common path (a size-class hit, and every deallocate) takes
 /// only the calling stream's shard lock (a spin lock), found without locking in a fixed table; two
-/// threads on two streams never share a lock there. The slow paths take the shared set's mutex.
+/// threads on two streams never share a lock there, nor write a shared cache line: live bytes are
+/// counted per stream, and the exact peak is kept with per-stream credits (see charge()). The
+/// slow paths take the shared set's mutex.
 ///
 /// **Ownership.** Owns its chunks and events. Blocks still out when the pool is destroyed are
 /// reported through custody::report_failure, and their memory is given back all the same.
@@ -197,7 +199,7 @@ public:
             size = align_up(bytes, granule);
         }
         void* p = allocate_slow(stream, sh, bytes, size, alignment);
-        on_allocated_slow(bytes, size);
+        on_allocated_slow(sh, bytes, size);
         return p;
     }
 
@@ -246,8 +248,8 @@ public:
             if (stored) record_noexcept(*sh, stream);
             ++sh->counts.deallocations;
             sh->counts.block_bytes -= static_cast<std::int64_t>(size);
+            discharge(*sh, bytes);
         }
-        live_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
         if (!stored) lose(size);
     }
 
@@ -347,15 +349,19 @@ private:
         unsigned kind = large_kind;
     };
 
-    /// Counters kept per shard under its lock (and once more, atomically, for the slow paths).
+    /// Counters kept per shard under its lock (and once more, atomically, for the calls served
+    /// without a shard). A block given back on another stream than its own makes a shard's byte
+    /// counts negative; their sums over the shards are the pool's.
     struct counters {
         std::uint64_t allocations = 0;
         std::uint64_t deallocations = 0;
-        std::int64_t block_bytes = 0; ///< rounded bytes handed out minus given back (may be < 0 per shard)
+        std::int64_t block_bytes = 0; ///< rounded bytes handed out minus given back
+        std::int64_t live_bytes = 0;  ///< requested bytes handed out minus given back
         counters& operator+=(const counters& o) noexcept {
             allocations += o.allocations;
             deallocations += o.deallocations;
             block_bytes += o.block_bytes;
+            live_bytes += o.live_bytes;
             return *this;
         }
     };
@@ -368,6 +374,7 @@ private:
     ///            + sum of recent[0, recent_count).size
     ///   every block in classes[], spans[] and recent[] was given back on this stream, and `event` was recorded
     ///   on this stream after the last of those frees, so event complete => all of them are idle
+    ///   credit <= peak live - live (summed over the shards: see committed_)
     struct alignas(64) shard {
         shard(std::uintptr_t k, event_type e) : key(k), event(std::move(e)) {}
         const std::uintptr_t key;
@@ -375,6 +382,9 @@ private:
         event_type event;
         std::size_t cached = 0;
         counters counts;
+        /// Live bytes this stream may add without touching the pool-wide count: bytes given back
+        /// on it that are still counted in committed_ (see charge()).
+        std::size_t credit = 0;
         std::array<std::vector<std::uintptr_t>, detail::class_count> classes; ///< classes[c]: free blocks of class_size(c)
         /// spans[small_kind]: class blocks merged (flush_classes); spans[large_kind]: blocks above small_threshold
         std::array<detail::free_set, 2> spans;
@@ -388,8 +398,8 @@ private:
     /// The pool-wide counters with the call counts `c` summed over the shards.
     [[nodiscard]] resource_statistics totals(const counters& c) const noexcept {
         resource_statistics s;
-        s.live_bytes = live_bytes_.load(std::memory_order_relaxed);
-        s.peak_live_bytes = peak_live_bytes_.load(std::memory_order_relaxed);
+        s.live_bytes = static_cast<std::size_t>(std::max<std::int64_t>(c.live_bytes, 0));
+        s.peak_live_bytes = std::max(peak_live_bytes_.load(std::memory_order_relaxed), s.live_bytes);
         s.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
         s.peak_reserved_bytes = peak_reserved_bytes_.load(std::memory_order_relaxed);
         s.allocations = c.allocations;
@@ -467,6 +477,7 @@ private:
 
     void* pop_class(shard& sh, std::size_t c, std::size_t size, std::size_t alignment, std::size_t bytes) {
         std::uintptr_t address = 0;
+        std::size_t uncovered = 0;
         {
             std::lock_guard lock(sh.mutex);
             auto& list = sh.classes[c];
@@ -476,8 +487,9 @@ private:
             sh.cached -= size;
             ++sh.counts.allocations;
             sh.counts.block_bytes += static_cast<std::int64_t>(size);
+            uncovered = charge(sh, bytes);
         }
-        raise_live(bytes);
+        if (uncovered != 0) [[unlikely]] commit(uncovered);
         return reinterpret_cast<void*>(address);
     }
 
@@ -902,24 +914,78 @@ private:
         while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
         }
     }
-    void raise_live(std::size_t bytes) noexcept {
-        raise(peak_live_bytes_, live_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+    // Live bytes and their exact peak, without a pool-wide write on the common path.
+    //
+    // Each shard counts the live bytes of its stream and holds a credit: bytes given back on it
+    // that stay counted in committed_. committed_ = live + every shard's credit, and committed_ <=
+    // the peak. An allocation that the calling shard's credit covers therefore cannot make a new
+    // peak: it only moves bytes from credit to live, under the lock the shard already holds. One
+    // that is not covered adds the rest to committed_, and while the sum stays at or below the
+    // peak nothing else is needed. Only above the peak are the other shards' credits taken back
+    // (each under its lock), which makes committed_ the live bytes exactly, and the peak is
+    // raised to it. In a steady state (a decode loop) live memory stays below the peak reached
+    // in the first steps, so threads on different streams share no cache line; as the pool warms
+    // up, each new peak costs a pass over the shards.
+
+    /// Adds `bytes` to a shard's live bytes (its lock held); returns what its credit did not cover.
+    static std::size_t charge(shard& sh, std::size_t bytes) noexcept {
+        sh.counts.live_bytes += static_cast<std::int64_t>(bytes);
+        if (sh.credit >= bytes) {
+            sh.credit -= bytes;
+            return 0;
+        }
+        const std::size_t uncovered = bytes - sh.credit;
+        sh.credit = 0;
+        return uncovered;
     }
-    void on_allocated_slow(std::size_t bytes, std::size_t size) noexcept {
+    /// Takes `bytes` off a shard's live bytes and keeps them as its credit (its lock held).
+    static void discharge(shard& sh, std::size_t bytes) noexcept {
+        sh.counts.live_bytes -= static_cast<std::int64_t>(bytes);
+        sh.credit += bytes;
+    }
+    /// Adds live bytes no credit covered to committed_, raising the peak exactly when they make
+    /// one. Call with no shard lock held.
+    void commit(std::size_t bytes) noexcept {
+        std::size_t seen = committed_.load(std::memory_order_relaxed);
+        while (seen + bytes <= peak_live_bytes_.load(std::memory_order_relaxed)) {
+            if (committed_.compare_exchange_weak(seen, seen + bytes, std::memory_order_relaxed)) return;
+        }
+        std::lock_guard peak_lock(peak_mutex_);
+        std::size_t now = committed_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+        const std::size_t n = shard_count_.load(std::memory_order_acquire);
+        for (std::size_t i = 0; i < n && now > peak_live_bytes_.load(std::memory_order_relaxed); ++i) {
+            shard& sh = *shards_[i].load(std::memory_order_acquire);
+            std::lock_guard lock(sh.mutex);
+            now = committed_.fetch_sub(sh.credit, std::memory_order_relaxed) - sh.credit;
+            sh.credit = 0;
+        }
+        raise(peak_live_bytes_, now);
+    }
+    void on_allocated_slow(shard* sh, std::size_t bytes, std::size_t size) noexcept {
         slow_allocations_.fetch_add(1, std::memory_order_relaxed);
         slow_block_bytes_.fetch_add(static_cast<std::int64_t>(size), std::memory_order_relaxed);
-        raise_live(bytes);
+        std::size_t uncovered = bytes;
+        if (sh != nullptr) {
+            std::lock_guard lock(sh->mutex);
+            uncovered = charge(*sh, bytes);
+        } else {
+            slow_live_bytes_.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+        }
+        if (uncovered != 0) commit(uncovered);
     }
+    /// A block given back without a shard (a capturing stream, or one past max_streams).
     void on_deallocated_slow(std::size_t bytes, std::size_t size) noexcept {
         slow_deallocations_.fetch_add(1, std::memory_order_relaxed);
         slow_block_bytes_.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
-        live_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+        slow_live_bytes_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+        committed_.fetch_sub(bytes, std::memory_order_relaxed);
     }
     counters slow_counts() const noexcept {
         counters c;
         c.allocations = slow_allocations_.load(std::memory_order_relaxed);
         c.deallocations = slow_deallocations_.load(std::memory_order_relaxed);
         c.block_bytes = slow_block_bytes_.load(std::memory_order_relaxed);
+        c.live_bytes = slow_live_bytes_.load(std::memory_order_relaxed);
         return c;
     }
 
@@ -981,13 +1047,17 @@ private:
 
     // reserved_bytes_ = sum of chunks_ sizes
     //                 = live block bytes + per-stream cached + shared_[*].bytes() + quarantined_bytes_
-    alignas(64) std::atomic<std::size_t> live_bytes_{0};
+    // committed_ = live bytes + sum of the shards' credits <= peak_live_bytes_ (see charge()); the
+    // live bytes are the shards' counts.live_bytes plus slow_live_bytes_.
+    alignas(64) std::atomic<std::size_t> committed_{0};
     std::atomic<std::size_t> peak_live_bytes_{0};
+    detail::spin_mutex peak_mutex_; // serializes raising the peak; taken before a shard's lock
     alignas(64) std::atomic<std::size_t> reserved_bytes_{0};
     std::atomic<std::size_t> peak_reserved_bytes_{0};
     std::atomic<std::uint64_t> slow_allocations_{0};
     std::atomic<std::uint64_t> slow_deallocations_{0};
     std::atomic<std::int64_t> slow_block_bytes_{0};
+    std::atomic<std::int64_t> slow_live_bytes_{0};
     std::atomic<std::uint64_t> upstream_allocations_{0};
     std::atomic<std::uint64_t> upstream_deallocations_{0};
     std::atomic<std::uint64_t> opportunistic_reuses_{0};
