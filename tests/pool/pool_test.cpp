@@ -15,6 +15,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -300,9 +301,12 @@ namespace {
 
 /// A pool whose every block of `n` bytes fills one chunk, so the only way to serve a second block
 /// without growing is to reuse the first.
+/// A pool of `chunks` chunks of `n` bytes whose streams record their event at every free, so that
+/// each free is at once visible to other streams as the policy allows.
 pool_options tight(reuse_policy policy, std::size_t n, std::size_t chunks) {
     pool_options o;
     o.reuse = policy;
+    o.record_interval = 1;
     o.growth_step = n;
     o.maximum_size = n * chunks;
     return o;
@@ -416,6 +420,88 @@ TEST_CASE("under every policy a block freed on a busy stream is never written by
         for (void* q : from_b) clobbered += std::memcmp(q, expected.data(), n) != 0 ? 1 : 0;
         CHECK(clobbered == 0);
         for (void* q : from_b) pool.deallocate(b, q, n, 256);
+        check_accounting(pool);
+    }
+}
+
+TEST_CASE("blocks given back since a stream's last record serve no other stream until a record covers them",
+          "[pool][streams][record]") {
+    constexpr std::size_t n = 4 * KiB, chunk = 256 * KiB, per_chunk = chunk / n;
+    pool_options o;
+    o.reuse = reuse_policy::follow_dependencies;
+    o.growth_step = chunk;
+    o.maximum_size = 2 * chunk;
+    REQUIRE(o.record_interval == per_chunk); // the default: one record per 64 frees
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream a;
+    custody::host::stream b;
+    std::set<void*> from_a;
+    for (std::size_t i = 0; i < per_chunk; ++i) from_a.insert(pool.allocate(a, n, 256));
+    custody::test::stream_gate<platform> gate(a);
+    auto next = from_a.begin();
+    for (std::size_t i = 0; i + 1 < per_chunk; ++i, ++next) { // 63 frees: none recorded yet
+        platform::memset_async(*next, 0xAA, n, a);
+        pool.deallocate(a, *next, n, 256);
+    }
+    std::vector<void*> from_b;
+    for (std::size_t i = 0; i < per_chunk; ++i) { // the second chunk, not a's blocks
+        from_b.push_back(pool.allocate(b, n, 256));
+        CHECK(from_a.count(from_b.back()) == 0);
+    }
+    CHECK(pool.detailed_statistics().dependency_waits == 0);
+    platform::memset_async(*next, 0xAA, n, a);
+    pool.deallocate(a, *next, n, 256); // the 64th free records a's event: all 64 are covered
+    void* q = pool.allocate(b, n, 256); // the pool is full: a covered block of a's, behind a's work
+    CHECK(from_a.count(q) == 1);
+    CHECK(pool.detailed_statistics().dependency_waits == 1);
+    platform::memset_async(q, 0x55, n, b);
+    gate.open();
+    platform::synchronize(b);
+    std::vector<unsigned char> expected(n, 0x55);
+    CHECK(std::memcmp(q, expected.data(), n) == 0);
+    for (void* p : from_b) pool.deallocate(b, p, n, 256);
+    pool.deallocate(b, q, n, 256);
+    platform::synchronize(a);
+    check_accounting(pool);
+}
+
+TEST_CASE("the last resort takes blocks no record covers after synchronizing the device, stream gone or busy",
+          "[pool][streams][record][oom]") {
+    constexpr std::size_t n = 64 * KiB;
+    for (bool stream_gone : {true, false}) {
+        INFO("stream gone " << stream_gone);
+        pool_options o;
+        o.growth_step = n;
+        o.maximum_size = n;
+        stream_ordered_pool<host_memory> pool(o);
+        custody::host::stream b;
+        std::optional<custody::host::stream> a(std::in_place);
+        void* p = pool.allocate(*a, n, 256);
+        std::optional<custody::test::stream_gate<platform>> gate(std::in_place, *a);
+        platform::memset_async(p, 0xAA, n, *a);
+        pool.deallocate(*a, p, n, 256); // not covered: no record yet
+        std::thread opener;
+        if (stream_gone) {
+            opener = std::thread([&] {
+                gate->open();
+                gate.reset();
+                a.reset(); // the stream ends once its work has run
+            });
+            opener.join();
+        } else {
+            opener = std::thread([&] { gate->open(); }); // a's work runs while b waits for the device
+        }
+        void* q = pool.allocate(b, n, 256); // only p can serve: after the device is synchronized
+        if (opener.joinable()) opener.join();
+        CHECK(q == p);
+        CHECK(pool.detailed_statistics().reclaims == 1);
+        platform::memset_async(q, 0x55, n, b);
+        platform::synchronize(b);
+        std::vector<unsigned char> expected(n, 0x55);
+        CHECK(std::memcmp(q, expected.data(), n) == 0);
+        pool.deallocate(b, q, n, 256);
+        gate.reset();
+        a.reset();
         check_accounting(pool);
     }
 }

@@ -142,6 +142,7 @@ struct platform {
         return device;
     }
     static void synchronize(stream_view s) { CUSTODY_CUDA_TRY(cudaStreamSynchronize(s.get())); }
+    static void synchronize_device(int device);
     static void wait(stream_view s, const event& e) { CUSTODY_CUDA_TRY(cudaStreamWaitEvent(s.get(), e.get(), 0)); }
     [[nodiscard]] static bool is_capturing(stream_view s) {
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -162,6 +163,11 @@ static_assert(custody::platform<platform>);
 
 /// Sets and restores the calling thread's current CUDA device.
 using device_guard = basic_device_guard<platform>;
+
+inline void platform::synchronize_device(int device) {
+    device_guard guard(device);
+    CUSTODY_CUDA_TRY(cudaDeviceSynchronize());
+}
 
 inline stream::stream(int device) : device_(device) {
     device_guard guard(device);

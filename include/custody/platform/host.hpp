@@ -29,6 +29,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace custody::host {
 
@@ -129,6 +130,34 @@ private:
     std::thread worker_;
 };
 
+/// Every live stream's state, so that a device can be synchronized as a whole. Thread-safe.
+/// A stream's destruction lets its work finish, so streams no longer listed have none pending.
+class stream_registry {
+public:
+    static stream_registry& instance() {
+        static stream_registry r;
+        return r;
+    }
+    void add(const std::shared_ptr<stream_state>& s) {
+        std::lock_guard lock(mutex_);
+        std::erase_if(streams_, [](const std::weak_ptr<stream_state>& w) { return w.expired(); });
+        streams_.push_back(s);
+    }
+    /// The live streams of `device`.
+    [[nodiscard]] std::vector<std::shared_ptr<stream_state>> of_device(int device) {
+        std::vector<std::shared_ptr<stream_state>> found;
+        std::lock_guard lock(mutex_);
+        for (const auto& w : streams_) {
+            if (auto s = w.lock(); s && s->device() == device) found.push_back(std::move(s));
+        }
+        return found;
+    }
+
+private:
+    std::mutex mutex_;
+    std::vector<std::weak_ptr<stream_state>> streams_;
+};
+
 } // namespace detail
 
 /// Sets the number of virtual devices. For tests and examples that model several GPUs.
@@ -180,6 +209,7 @@ public:
             throw std::invalid_argument("custody: host device " + std::to_string(device) + " does not exist");
         }
         state_->start();
+        detail::stream_registry::instance().add(state_);
     }
     stream(stream&&) noexcept = default;
     stream& operator=(stream&& other) noexcept {
@@ -267,6 +297,9 @@ struct platform {
     }
     static void synchronize(stream_view s) {
         if (!s.is_default()) s.state()->wait_for(s.state()->mark());
+    }
+    static void synchronize_device(int device) {
+        for (const auto& s : detail::stream_registry::instance().of_device(device)) s->wait_for(s->mark());
     }
     static void wait(stream_view s, const event& e) {
         if (!e.state_ || e.state_->reached(e.ticket_)) return;

@@ -16,6 +16,8 @@
 ///   P::stream_key(s)        an integer that identifies s among live streams (per-stream maps)
 ///   P::stream_device(s)     the device s belongs to
 ///   P::synchronize(s)       blocks until all work enqueued on s so far has finished
+///   P::synchronize_device(d)  blocks until all work enqueued so far on every stream of device d
+///                           (streams destroyed with work pending included) has finished
 ///   P::wait(s, e)           work enqueued on s after this call waits for e, without blocking the host
 ///   P::is_capturing(s)      s is being captured into a graph (always false on the host platform)
 ///   P::memcpy_async(dst, src, n, s), P::memset_async(dst, v, n, s)
@@ -53,6 +55,7 @@ concept platform = requires(typename P::stream_view s, typename P::event& e, con
     { P::stream_key(s) } -> std::same_as<std::uintptr_t>;
     { P::stream_device(s) } -> std::same_as<int>;
     P::synchronize(s);
+    P::synchronize_device(device);
     P::wait(s, ce);
     { P::is_capturing(s) } -> std::same_as<bool>;
     P::memcpy_async(dst, src, bytes, s);

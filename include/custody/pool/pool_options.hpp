@@ -62,6 +62,16 @@ struct pool_options {
     /// Cross-stream reuse (see reuse_policy). Default: follow_dependencies, as cudaMallocAsync.
     reuse_policy reuse = reuse_policy::follow_dependencies;
 
+    /// A stream's event is recorded once per `record_interval` blocks given back on it (and
+    /// whenever its blocks move into its free spans), not at every free: recording is a driver
+    /// call (`cudaEventRecord`: hundreds of nanoseconds at best), the rest of a free a few nanoseconds. Blocks
+    /// given back since the stream's last record serve only that stream (always safe) until the
+    /// next record covers them; the last resort before out_of_memory takes them after
+    /// synchronizing the device. 64: a decode step gives back hundreds of blocks per stream, so
+    /// other streams see them within a fraction of a step, for about 1/64 of a record per free.
+    /// 1 records at every free (RMM's and CUB's behaviour); 0 is taken as 1.
+    std::size_t record_interval = 64;
+
     /// The whole-device budget: the pool grows only while the device keeps `device_headroom` bytes
     /// free for what the pool does not own (NCCL buffers, CUDA contexts, cuBLAS/cuDNN workspaces).
     /// 1 GiB by default: an NCCL communicator's buffers plus a few library workspaces. Applies when

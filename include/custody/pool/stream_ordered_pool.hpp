@@ -63,11 +63,14 @@ namespace custody::pool {
 /// fit) from chunks of their own, apart from large blocks. See pool/detail/size_classes.hpp.
 ///
 /// **Stream semantics.** allocate(s, ...) returns memory usable by work enqueued on s after the
-/// call. deallocate(s, p, ...) puts p in s's cache and records s's event, so p is reused at once
-/// by later allocations on s (they are ordered after the work that used p) and by another stream t
-/// only as the reuse_policy allows: once that event has completed (opportunistic), or after making
-/// t wait on it (follow_dependencies), or, under same_stream, only by the last-resort reclaim
-/// which waits for the event on the host. The synchronous pair acts on the default stream.
+/// call. deallocate(s, p, ...) puts p in s's cache, so p is reused at once by later allocations
+/// on s (they are ordered after the work that used p). Another stream t gets p only once s's
+/// event, recorded on s after the free (every pool_options::record_interval frees on s, or when
+/// s's blocks move into its spans), covers it, and then as the reuse_policy allows: once that
+/// event has completed (opportunistic), or after making t wait on it (follow_dependencies), or,
+/// under same_stream, only by the last-resort reclaim, which waits on the host (for the event,
+/// or for the whole device when blocks are not yet covered). The synchronous pair acts on the
+/// default stream. The common path makes no driver call.
 /// Streams must belong to the pool's device (std::invalid_argument otherwise).
 ///
 /// **Graph capture.** An allocation on a stream being captured throws capture_error and changes
@@ -149,12 +152,21 @@ public:
     /// every chunk back to the upstream.
     ~stream_ordered_pool() {
         const std::size_t n = shard_count_.load(std::memory_order_acquire);
+        bool uncovered = false;
         for (std::size_t i = 0; i < n; ++i) {
             shard& sh = *shards_[i].load(std::memory_order_acquire);
+            uncovered = uncovered || sh.uncovered != 0;
             try {
                 sh.event.synchronize();
             } catch (...) {
                 report_failure("stream_ordered_pool: waiting for a stream's event failed at destruction");
+            }
+        }
+        if (uncovered) {
+            try {
+                synchronize_devices();
+            } catch (...) {
+                report_failure("stream_ordered_pool: synchronizing the device failed at destruction");
             }
         }
         const resource_statistics s = statistics();
@@ -238,14 +250,15 @@ public:
             try {
                 if (small) {
                     sh->classes[c].push_back(address);
+                    sh->touched[c / 64] |= std::uint64_t{1} << (c % 64);
                 } else {
-                    keep_recent(*sh, {address, size, 0, 0}); // its chunk is looked up when it leaves recent[]
+                    keep_recent(*sh, stream, {address, size, 0, 0}); // its chunk is looked up when it leaves recent[]
                 }
                 stored = true;
                 sh->cached += size;
             } catch (...) {
             }
-            if (stored) record_noexcept(*sh, stream);
+            if (stored && ++sh->uncovered >= options_.record_interval) [[unlikely]] cover(*sh, stream);
             ++sh->counts.deallocations;
             sh->counts.block_bytes -= static_cast<std::int64_t>(size);
             discharge(*sh, bytes);
@@ -372,8 +385,11 @@ private:
     /// Invariants (under mutex):
     ///   cached = sum over c of |classes[c]| * class_size(c) + spans[0].bytes() + spans[1].bytes()
     ///            + sum of recent[0, recent_count).size
-    ///   every block in classes[], spans[] and recent[] was given back on this stream, and `event` was recorded
-    ///   on this stream after the last of those frees, so event complete => all of them are idle
+    ///   every block in classes[], spans[] and recent[] was given back on this stream
+    ///   covered blocks: classes[c][0, covered[c]), recent[0, recent_covered), and all of spans[];
+    ///   `event` was recorded on this stream after they were given back, so once it completes they
+    ///   are idle. Only covered blocks leave the shard for another stream (except after the reclaim
+    ///   synchronized the device). uncovered == 0 => every block is covered.
     ///   credit <= peak live - live (summed over the shards: see committed_)
     struct alignas(64) shard {
         shard(std::uintptr_t k, event_type e) : key(k), event(std::move(e)) {}
@@ -393,6 +409,11 @@ private:
         /// layer to the next) comes back in O(1), without touching the trees.
         std::array<detail::free_block, 4> recent{};
         std::size_t recent_count = 0; ///< recent_count <= recent.size()
+        std::array<std::uint32_t, detail::class_count> covered{}; ///< covered[c] <= classes[c].size()
+        std::size_t recent_covered = 0;                           ///< recent_covered <= recent_count
+        /// Classes given a block since the last record (bit c % 64 of word c / 64).
+        std::array<std::uint64_t, (detail::class_count + 63) / 64> touched{};
+        std::size_t uncovered = 0; ///< blocks given back since the last record
     };
 
     /// The pool-wide counters with the call counts `c` summed over the shards.
@@ -413,6 +434,7 @@ private:
     static pool_options validated(pool_options o) {
         if (o.max_streams == 0) throw std::invalid_argument("custody: pool_options::max_streams must be at least 1");
         if (o.growth_step == 0) o.growth_step = granule;
+        if (o.record_interval == 0) o.record_interval = 1;
         o.growth_step = align_up(o.growth_step, granule);
         return o;
     }
@@ -484,6 +506,7 @@ private:
             if (list.empty() || (alignment > granule && (list.back() & (alignment - 1)) != 0)) return nullptr;
             address = list.back();
             list.pop_back();
+            sh.covered[c] = std::min(sh.covered[c], static_cast<std::uint32_t>(list.size()));
             sh.cached -= size;
             ++sh.counts.allocations;
             sh.counts.block_bytes += static_cast<std::int64_t>(size);
@@ -491,6 +514,21 @@ private:
         }
         if (uncovered != 0) [[unlikely]] commit(uncovered);
         return reinterpret_cast<void*>(address);
+    }
+
+    /// Records the shard's event on its stream (its lock held), so that it covers every block the
+    /// shard holds.
+    void cover(shard& sh, stream_type stream) noexcept {
+        record_noexcept(sh, stream);
+        for (std::size_t w = 0; w < sh.touched.size(); ++w) {
+            for (std::uint64_t bits = sh.touched[w]; bits != 0; bits &= bits - 1) {
+                const std::size_t c = w * 64 + static_cast<std::size_t>(std::countr_zero(bits));
+                sh.covered[c] = static_cast<std::uint32_t>(sh.classes[c].size());
+            }
+            sh.touched[w] = 0;
+        }
+        sh.recent_covered = sh.recent_count;
+        sh.uncovered = 0;
     }
 
     void record_noexcept(shard& sh, stream_type stream) noexcept {
@@ -542,7 +580,7 @@ private:
         //     the pool grows (what keeps the reserve near the live bytes), and the lists refill
         //     by that much between two merges (what keeps merging rare).
         if (small && sh != nullptr &&
-            flush_classes(*sh, std::max(size, reserved_bytes_.load(std::memory_order_relaxed) / 64))) {
+            flush_classes(*sh, stream, std::max(size, reserved_bytes_.load(std::memory_order_relaxed) / 64))) {
             std::lock_guard lock(sh->mutex);
             detail::free_block b = sh->spans[small_kind].take(size, alignment);
             if (b.size == 0) b = sh->spans[large_kind].take(size, alignment);
@@ -554,7 +592,9 @@ private:
         //     For a large request, the recent large blocks merge into the spans the same way.
         if (!small && sh != nullptr) {
             std::lock_guard lock(sh->mutex);
-            if (sh->recent_count != 0 && merge_recent(*sh)) {
+            if (sh->recent_count != 0) {
+                if (sh->recent_covered < sh->recent_count) cover(*sh, stream);
+                merge_recent(*sh, sh->recent_count);
                 const detail::free_block b = sh->spans[large_kind].take(size, alignment);
                 if (b.size != 0) {
                     sh->cached -= b.size;
@@ -598,8 +638,8 @@ private:
         return b.size != 0 ? reinterpret_cast<void*>(b.address) : nullptr;
     }
 
-    /// Moves the caches of other streams whose event has completed to the shared set. True when
-    /// anything moved.
+    /// Moves the covered blocks of other streams whose event has completed to the shared set.
+    /// True when anything moved.
     bool drain_completed(const shard* self) {
         bool moved = false;
         for_each_shard([&](shard& other) {
@@ -608,8 +648,9 @@ private:
             {
                 std::lock_guard lock(other.mutex);
                 if (other.cached == 0 || !other.event.ready()) return;
-                blocks = take_all(other);
+                blocks = take_blocks(other, true);
             }
+            if (blocks.empty()) return;
             to_shared(blocks);
             opportunistic_reuses_.fetch_add(1, std::memory_order_relaxed);
             moved = true;
@@ -617,8 +658,8 @@ private:
         return moved;
     }
 
-    /// Follow dependencies: finds a fitting block in another stream's cache, makes `stream` wait
-    /// on that stream's event (no host synchronization) and takes the block.
+    /// Follow dependencies: finds a fitting covered block in another stream's cache, makes
+    /// `stream` wait on that stream's event (no host synchronization) and takes the block.
     void* take_with_dependency(stream_type stream, shard& self, bool small, std::size_t bytes, std::size_t size,
                                std::size_t alignment) {
         void* result = nullptr;
@@ -629,18 +670,20 @@ private:
             if (&other == &self) continue;
             std::lock_guard lock(other.mutex);
             if (other.cached == 0) continue;
-            if (small) {
+            if (small && other.covered[c] != 0) {
                 auto& list = other.classes[c];
-                if (!list.empty() && (alignment <= granule || (list.back() & (alignment - 1)) == 0)) {
+                const auto k = static_cast<std::ptrdiff_t>(other.covered[c] - 1); // the newest covered block
+                if (alignment <= granule || (list[static_cast<std::size_t>(k)] & (alignment - 1)) == 0) {
                     platform_type::wait(stream, other.event);
-                    result = reinterpret_cast<void*>(list.back());
-                    list.pop_back();
+                    result = reinterpret_cast<void*>(list[static_cast<std::size_t>(k)]);
+                    list.erase(list.begin() + k);
+                    --other.covered[c];
                     other.cached -= size;
                 }
             }
             const unsigned kind = small ? small_kind : large_kind;
-            if (result == nullptr && !small && other.recent_count != 0) {
-                merge_recent(other);
+            if (result == nullptr && !small && other.recent_covered != 0) {
+                merge_recent(other, other.recent_covered);
             }
             if (result == nullptr && other.spans[kind].fits(size, alignment)) {
                 platform_type::wait(stream, other.event);
@@ -654,14 +697,16 @@ private:
     }
 
     /// Keeps a large block given back on this shard's stream among its recent blocks (its lock
-    /// held); the oldest recent block moves to the spans when there is no room. Throws bad_alloc
-    /// (from the spans) with the shard unchanged.
-    void keep_recent(shard& sh, const detail::free_block& b) {
+    /// held); the oldest recent block moves to the spans when there is no room (after a record,
+    /// when it is not yet covered). Throws bad_alloc (from the spans) with the shard unchanged.
+    void keep_recent(shard& sh, stream_type stream, const detail::free_block& b) {
         if (sh.recent_count == sh.recent.size()) {
+            if (sh.recent_covered == 0) cover(sh, stream);
             const detail::free_block oldest = located(sh.recent[0]);
             sh.spans[oldest.kind].insert(oldest);
             std::move(sh.recent.begin() + 1, sh.recent.end(), sh.recent.begin());
             --sh.recent_count;
+            --sh.recent_covered;
         }
         sh.recent[sh.recent_count++] = b;
     }
@@ -686,6 +731,7 @@ private:
                           sh.recent.begin() + static_cast<std::ptrdiff_t>(sh.recent_count),
                           sh.recent.begin() + static_cast<std::ptrdiff_t>(i));
                 --sh.recent_count;
+                if (i < sh.recent_covered) --sh.recent_covered;
                 sh.cached -= size;
                 return reinterpret_cast<void*>(address);
             }
@@ -693,28 +739,31 @@ private:
         return nullptr;
     }
 
-    /// Moves every recent block into the spans, coalescing (lock held). True when all moved; a
-    /// bad_alloc leaves the blocks not yet moved among the recent ones.
-    bool merge_recent(shard& sh) noexcept {
+    /// Moves the `count` oldest recent blocks (covered ones: count <= recent_covered) into the
+    /// spans, coalescing (lock held). A bad_alloc leaves the blocks not yet moved among the recent.
+    void merge_recent(shard& sh, std::size_t count) noexcept {
         try {
-            while (sh.recent_count != 0) {
-                const detail::free_block b = located(sh.recent[sh.recent_count - 1]);
+            for (; count != 0; --count) {
+                const detail::free_block b = located(sh.recent[0]);
                 sh.spans[b.kind].insert(b);
+                std::move(sh.recent.begin() + 1, sh.recent.begin() + static_cast<std::ptrdiff_t>(sh.recent_count),
+                          sh.recent.begin());
                 --sh.recent_count;
+                --sh.recent_covered;
             }
-            return true;
         } catch (...) {
-            return false;
         }
     }
 
-    /// Moves a shard's size-class blocks into its large set, coalescing them, when they hold at
-    /// least `threshold` bytes. True when any moved.
-    bool flush_classes(shard& sh, std::size_t threshold) {
+    /// Moves a shard's size-class blocks into its spans, coalescing them, when they hold at least
+    /// `threshold` bytes; records the event first when some are not covered (the spans hold only
+    /// covered blocks). True when any moved.
+    bool flush_classes(shard& sh, stream_type stream, std::size_t threshold) {
         std::lock_guard lock(sh.mutex);
         std::size_t recent = 0;
         for (std::size_t i = 0; i < sh.recent_count; ++i) recent += sh.recent[i].size;
         if (sh.cached - sh.spans[small_kind].bytes() - sh.spans[large_kind].bytes() - recent < threshold) return false;
+        if (sh.uncovered != 0) cover(sh, stream);
         bool moved = false;
         for (std::size_t c = 0; c < detail::class_count; ++c) {
             auto& list = sh.classes[c];
@@ -722,32 +771,43 @@ private:
                 const chunk_ref where = chunk_of(list.back());
                 sh.spans[where.kind].insert({list.back(), detail::class_size(c), where.base});
                 list.pop_back();
+                sh.covered[c] = static_cast<std::uint32_t>(list.size());
                 moved = true;
             }
         }
         return moved;
     }
 
-    /// Empties a shard (its lock held) into a list of blocks; strong: throws bad_alloc before
-    /// taking anything.
-    std::vector<detail::free_block> take_all(shard& sh) {
+    /// Takes a shard's blocks (its lock held) into a list: the covered ones, or all of them.
+    /// Strong: throws bad_alloc before taking anything.
+    std::vector<detail::free_block> take_blocks(shard& sh, bool covered_only) {
         std::vector<detail::free_block> blocks;
-        std::size_t count = sh.spans[small_kind].count() + sh.spans[large_kind].count() + sh.recent_count;
-        for (const auto& list : sh.classes) count += list.size();
+        const std::size_t recent = covered_only ? sh.recent_covered : sh.recent_count;
+        std::size_t count = sh.spans[small_kind].count() + sh.spans[large_kind].count() + recent;
+        for (std::size_t c = 0; c < detail::class_count; ++c) {
+            count += covered_only ? sh.covered[c] : sh.classes[c].size();
+        }
         blocks.reserve(count);
         for (std::size_t c = 0; c < detail::class_count; ++c) {
-            for (std::uintptr_t a : sh.classes[c]) blocks.push_back({a, detail::class_size(c), 0, 0}); // chunk: looked up later
-            sh.classes[c].clear();
+            auto& list = sh.classes[c];
+            const std::size_t k = covered_only ? sh.covered[c] : list.size();
+            for (std::size_t i = 0; i < k; ++i) blocks.push_back({list[i], detail::class_size(c), 0, 0}); // chunk: looked up later
+            list.erase(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(k));
+            sh.covered[c] = 0;
         }
-        for (std::size_t i = 0; i < sh.recent_count; ++i) blocks.push_back(sh.recent[i]);
-        sh.recent_count = 0;
+        for (std::size_t i = 0; i < recent; ++i) blocks.push_back(sh.recent[i]);
+        std::move(sh.recent.begin() + static_cast<std::ptrdiff_t>(recent),
+                  sh.recent.begin() + static_cast<std::ptrdiff_t>(sh.recent_count), sh.recent.begin());
+        sh.recent_count -= recent;
+        sh.recent_covered = 0;
         for (unsigned kind : {small_kind, large_kind}) {
             sh.spans[kind].drain([&](detail::free_block b) {
                 b.kind = kind;
                 blocks.push_back(b);
             });
         }
-        sh.cached = 0;
+        for (const auto& b : blocks) sh.cached -= b.size;
+        if (!covered_only) sh.uncovered = 0;
         return blocks;
     }
 
@@ -769,18 +829,46 @@ private:
         }
     }
 
-    /// Waits for every stream's event and moves every cache to the shared set.
+    /// Moves every stream's cache to the shared set once its blocks are idle: a stream whose
+    /// blocks are all covered is waited for through its event, the others through one
+    /// synchronization of the device (their streams may be gone; the device has their work).
     void reclaim() {
+        std::vector<std::vector<detail::free_block>> taken;
+        taken.reserve(shard_count_.load(std::memory_order_acquire)); // no allocation once blocks are out
+        bool uncovered = false;
         for_each_shard([&](shard& sh) {
-            std::vector<detail::free_block> blocks;
-            {
-                std::lock_guard lock(sh.mutex);
-                if (sh.cached == 0) return;
+            if (taken.size() == taken.capacity()) return; // a shard created during the reclaim
+            std::lock_guard lock(sh.mutex);
+            if (sh.cached == 0) return;
+            if (sh.uncovered == 0) {
                 sh.event.synchronize();
-                blocks = take_all(sh);
+            } else {
+                uncovered = true;
             }
-            to_shared(blocks);
+            taken.push_back(take_blocks(sh, false));
         });
+        if (uncovered) {
+            try {
+                synchronize_devices();
+            } catch (...) {
+                // Their work may still be running: they are never reused.
+                for (const auto& blocks : taken) {
+                    for (const auto& b : blocks) quarantine(b.address, b.size);
+                }
+                throw;
+            }
+        }
+        for (const auto& blocks : taken) to_shared(blocks);
+    }
+
+    /// Waits for all work on the pool's device (every device, for a pool of no device). Blocks
+    /// taken from a shard before this call are idle after it.
+    void synchronize_devices() const {
+        if (device_ >= 0) {
+            platform_type::synchronize_device(device_);
+        } else {
+            for (int d = 0; d < platform_type::device_count(); ++d) platform_type::synchronize_device(d);
+        }
     }
 
     // ---- growth (shared_mutex_ held) ----
