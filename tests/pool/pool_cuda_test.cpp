@@ -44,6 +44,7 @@ TEST_CASE("cuda: follow_dependencies makes the taking stream wait on the giver's
     pool_options o;
     o.growth_step = 1 << 20;
     o.maximum_size = 1 << 20;
+    o.record_interval = 1; // the free is covered at once: b takes it behind a's event, not via the reclaim
     pool_type pool(o, 0);
     custody::cuda::stream a(0);
     custody::cuda::stream b(0);
@@ -52,6 +53,7 @@ TEST_CASE("cuda: follow_dependencies makes the taking stream wait on the giver's
     pool.deallocate(a, p, 1 << 20, 256);
     void* q = pool.allocate(b, 1 << 20, 256);
     CHECK(q == p);
+    CHECK(pool.detailed_statistics().dependency_waits == 1);
     platform::memset_async(q, 0x55, 1 << 20, b);
     unsigned char last = 0;
     platform::memcpy_async(&last, static_cast<unsigned char*>(q) + (1 << 20) - 1, 1, b);
