@@ -205,6 +205,30 @@ TEST_CASE("chunks grow with the pool: growth_step, then reserved / growth_diviso
     check_accounting(pool);
 }
 
+TEST_CASE("the rest of a large block's chunk stays beside it on its stream, so the chunk comes back whole",
+          "[pool]") {
+    pool_options o;
+    o.growth_step = 2 * MiB;
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream s;
+    // A 1.5 MiB block takes a 2 MiB chunk; the 0.5 MiB behind it can serve no large request alone.
+    void* a = pool.allocate(s, 3 * MiB / 2, 256);
+    auto p = pool.detailed_statistics();
+    CHECK(p.totals.reserved_bytes == 2 * MiB);
+    CHECK(p.shared_free_bytes == 0);
+    CHECK(p.stream_cached_bytes == MiB / 2); // kept by the stream, not the shared set
+    check_accounting(pool);
+    pool.deallocate(s, a, 3 * MiB / 2, 256);
+    // The block and the rest join again: the whole chunk serves a larger request without growing.
+    void* b = pool.allocate(s, 2 * MiB, 256);
+    CHECK(b == a);
+    CHECK(pool.statistics().reserved_bytes == 2 * MiB);
+    check_accounting(pool);
+    pool.deallocate(s, b, 2 * MiB, 256);
+    CHECK(pool.trim() == 2 * MiB);
+    check_accounting(pool);
+}
+
 TEST_CASE("large blocks are split and their free neighbours coalesced", "[pool]") {
     pool_options o;
     o.growth_step = 8 * MiB;
