@@ -527,15 +527,17 @@ private:
                 if (void* p = take_with_dependency(stream, *sh, small, bytes, size, alignment)) return p;
             }
         }
-        // 3b. This stream's size-class lists, merged into its large blocks, when they hold more
-        //     than 1/64 of the reserve: memory cached for other sizes then serves this one before
-        //     the pool grows (what keeps the reserve near the live bytes), and the lists refill
-        //     by that much between two merges (what keeps merging rare).
+        // 3b. This stream's size-class lists, merged into its spans, when they hold more than 1/128
+        //     of the reserve (a quarter of a growth chunk): memory cached for other sizes then
+        //     serves this one before the pool grows (what keeps the reserve near the live bytes),
+        //     and the lists refill by that much between two merges (what keeps merging rare). Only
+        //     the small-kind spans serve here: the stream's large spans hold the rests of its large
+        //     blocks' chunks (take_tail), and a long-lived small block there would keep the chunk
+        //     from serving its large request again, making the large kind grow.
         if (small && sh != nullptr &&
-            flush_classes(*sh, std::max(size, reserved_bytes_.load(std::memory_order_relaxed) / 64))) {
+            flush_classes(*sh, std::max(size, reserved_bytes_.load(std::memory_order_relaxed) / 128))) {
             std::lock_guard lock(sh->mutex);
-            detail::free_block b = sh->spans[small_kind].take(size, alignment);
-            if (b.size == 0) b = sh->spans[large_kind].take(size, alignment);
+            const detail::free_block b = sh->spans[small_kind].take(size, alignment);
             if (b.size != 0) {
                 sh->cached -= b.size;
                 return reinterpret_cast<void*>(b.address);
@@ -568,6 +570,16 @@ private:
             // The pool may not grow: chunks of the other kind serve too (segregation is a preference).
             const detail::free_block b = shared_[1 - kind].take(size, alignment);
             if (b.size != 0) return reinterpret_cast<void*>(b.address);
+        }
+        //    ... and so do this stream's spans of the other kind, without waiting for anything.
+        if (sh != nullptr) {
+            std::lock_guard lock(sh->mutex);
+            if (sh->recent_count != 0) merge_recent(*sh);
+            const detail::free_block b = sh->spans[1 - kind].take(size, alignment);
+            if (b.size != 0) {
+                sh->cached -= b.size;
+                return reinterpret_cast<void*>(b.address);
+            }
         }
         // 5. Last resort: wait for every stream, coalesce everything, give free chunks back, retry once.
         reclaims_.fetch_add(1, std::memory_order_relaxed);
