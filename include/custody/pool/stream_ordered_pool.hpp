@@ -76,7 +76,7 @@ namespace custody::pool {
 ///
 /// **Growth and limits.** Chunks come from the upstream through custody::try_allocate on the
 /// default stream: pool_options::initial_size at construction, then chunks of
-/// max(growth_step, reserved / growth_divisor), never beyond
+/// max(growth_step, reserved / growth_divisor) (whole 2 MiB pages once above 2 MiB), never beyond
 /// maximum_size nor the device budget (device_headroom). A large block cut from a chunk keeps the
 /// free rest of the chunk behind it on its stream when that rest is too small for any large
 /// request. trim() gives back every chunk that is wholly free. Before throwing out_of_memory the
@@ -105,7 +105,8 @@ public:
     static constexpr std::size_t max_alignment = custody::max_alignment;
     static constexpr std::size_t granule = detail::granule;
     static constexpr std::size_t small_threshold = detail::small_threshold;
-    /// Chunks above growth_step are rounded up to this (the GPU's large page).
+    /// The GPU's large page, which cudaMalloc rounds every allocation to: a chunk for one large
+    /// request is its size rounded up to this, a chunk sized by growth_divisor is rounded down to it.
     static constexpr std::size_t chunk_rounding = std::size_t{2} << 20;
     /// The alignment chunks are requested with: the upstream's largest (when it declares one),
     /// at most a page, at least the granule. Larger alignments are served by splitting.
@@ -848,13 +849,14 @@ private:
     }
 
     /// Takes a chunk of `kind` for a request of `size` bytes: max(growth_step, reserved /
-    /// growth_divisor), or `size` rounded up to 2 MiB when larger; falls back to exactly `size`
-    /// when that much is refused.
+    /// growth_divisor), the latter rounded down to whole 2 MiB pages once above 2 MiB (the GPU
+    /// allocates whole pages: a page begun is a page taken), or `size` rounded up to 2 MiB when
+    /// larger; falls back to exactly `size` when that much is refused.
     bool grow(unsigned kind, std::size_t size) {
         std::size_t preferred = options_.growth_step;
         if (options_.growth_divisor != 0) {
-            preferred = std::max(preferred, align_up(reserved_bytes_.load(std::memory_order_relaxed) /
-                                                         options_.growth_divisor, granule));
+            const std::size_t share = reserved_bytes_.load(std::memory_order_relaxed) / options_.growth_divisor;
+            preferred = std::max(preferred, share >= chunk_rounding ? share - share % chunk_rounding : align_up(share, granule));
         }
         if (size > preferred) preferred = align_up(size, chunk_rounding);
         if (preferred != size && grow_exactly(kind, preferred)) return true;
