@@ -371,6 +371,7 @@ private:
     ///            + sum of recent[0, recent_count).size
     ///   every block in classes[], spans[] and recent[] was given back on this stream, and `event` was recorded
     ///   on this stream after the last of those frees, so event complete => all of them are idle
+    ///   (or was idle when taken: the rest of a large block's chunk, kept beside it by keep_tail)
     struct alignas(64) shard {
         shard(std::uintptr_t k, event_type e) : key(k), event(std::move(e)) {}
         const std::uintptr_t key;
