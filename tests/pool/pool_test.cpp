@@ -197,12 +197,55 @@ TEST_CASE("chunks grow with the pool: growth_step, then reserved / growth_diviso
     o.growth_divisor = 4;
     stream_ordered_pool<host_memory> pool(o);
     std::vector<void*> blocks;
-    for (int i = 0; i < 8; ++i) blocks.push_back(pool.allocate_sync(1 * MiB + 4096, 256)); // large kind
+    for (int i = 0; i < 16; ++i) blocks.push_back(pool.allocate_sync(1 * MiB + 4096, 256)); // large kind
     const auto p = pool.detailed_statistics();
-    // Sizes: 2 MiB (own size, rounded), then max(1 MiB, reserved / 4) rounded to the granule, ...
-    CHECK(p.chunks < 8);
-    CHECK(p.totals.reserved_bytes >= 8 * (MiB + 4096));
+    // Sizes: 2 MiB (own size, rounded) while reserved / 4 < 2 MiB, then reserved / 4 rounded down
+    // to whole 2 MiB pages (4 MiB at 16 MiB reserved, holding three blocks), ...
+    CHECK(p.chunks < 16);
+    CHECK(p.totals.reserved_bytes >= 16 * (MiB + 4096));
     for (void* b : blocks) pool.deallocate_sync(b, 1 * MiB + 4096, 256);
+    check_accounting(pool);
+}
+
+TEST_CASE("chunks sized by the growth divisor are whole 2 MiB pages", "[pool]") {
+    pool_options o;
+    o.growth_step = 2 * MiB;
+    o.growth_divisor = 4;
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream s;
+    std::vector<void*> blocks;
+    // Size-class blocks of 64 KiB: every growth takes a chunk sized by the divisor alone. Unrounded,
+    // 10 MiB reserved would take 2.5 MiB next; rounded down, 2 MiB.
+    while (pool.statistics().reserved_bytes < 40 * MiB) {
+        blocks.push_back(pool.allocate(s, 64 * KiB, 256));
+        CHECK(pool.statistics().reserved_bytes % (2 * MiB) == 0);
+    }
+    CHECK(pool.detailed_statistics().chunks < 20); // chunks still grow with the pool
+    for (void* b : blocks) pool.deallocate(s, b, 64 * KiB, 256);
+    check_accounting(pool);
+}
+
+TEST_CASE("the rest of a large block's chunk stays beside it on its stream, so the chunk comes back whole",
+          "[pool]") {
+    pool_options o;
+    o.growth_step = 2 * MiB;
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream s;
+    // A 1.5 MiB block takes a 2 MiB chunk; the 0.5 MiB behind it can serve no large request alone.
+    void* a = pool.allocate(s, 3 * MiB / 2, 256);
+    auto p = pool.detailed_statistics();
+    CHECK(p.totals.reserved_bytes == 2 * MiB);
+    CHECK(p.shared_free_bytes == 0);
+    CHECK(p.stream_cached_bytes == MiB / 2); // kept by the stream, not the shared set
+    check_accounting(pool);
+    pool.deallocate(s, a, 3 * MiB / 2, 256);
+    // The block and the rest join again: the whole chunk serves a larger request without growing.
+    void* b = pool.allocate(s, 2 * MiB, 256);
+    CHECK(b == a);
+    CHECK(pool.statistics().reserved_bytes == 2 * MiB);
+    check_accounting(pool);
+    pool.deallocate(s, b, 2 * MiB, 256);
+    CHECK(pool.trim() == 2 * MiB);
     check_accounting(pool);
 }
 

@@ -45,13 +45,14 @@ struct pool_options {
     std::size_t initial_size = 0;
 
     /// Smallest chunk taken from the upstream when the pool must grow: 2 MiB (the GPU's large
-    /// page). Chunks grow with the pool: each is max(growth_step, reserved / growth_divisor), and a
-    /// request larger than that gets a chunk of its own size rounded up to 2 MiB.
+    /// page). Chunks grow with the pool: each is max(growth_step, reserved / growth_divisor), the
+    /// latter rounded down to whole 2 MiB pages once above 2 MiB, and a request larger than that
+    /// gets a chunk of its own size rounded up to 2 MiB.
     std::size_t growth_step = std::size_t{2} << 20;
 
     /// With 32, the unused tail of the newest chunk is at most about 3% of what the pool holds, so
     /// the pool stays within a few percent of its peak live bytes, while a pool that grows from
-    /// 2 MiB to 80 GiB takes about 340 chunks (growths cost a cudaMalloc each, about a millisecond).
+    /// 2 MiB to 80 GiB takes about 280 chunks (growths cost a cudaMalloc each, about a millisecond).
     /// 0: every chunk is growth_step (or the request's size).
     std::size_t growth_divisor = 32;
 

@@ -79,11 +79,13 @@ namespace custody::pool {
 ///
 /// **Growth and limits.** Chunks come from the upstream through custody::try_allocate on the
 /// default stream: pool_options::initial_size at construction, then chunks of
-/// max(growth_step, reserved / growth_divisor), never beyond maximum_size nor the device budget
-/// (device_headroom). trim() gives back every chunk that is wholly free. Before throwing out_of_memory the pool waits for every
-/// stream's event, moves every cached block to the shared set (coalescing across streams), gives
-/// wholly free chunks back to the upstream and retries once; the error then carries live,
-/// reserved, largest free block, free bytes per stream and fragmentation. Live blocks and counters
+/// max(growth_step, reserved / growth_divisor) (whole 2 MiB pages once above 2 MiB), never beyond
+/// maximum_size nor the device budget (device_headroom). A large block cut from a chunk keeps the
+/// free rest of the chunk behind it on its stream when that rest is too small for any large
+/// request. trim() gives back every chunk that is wholly free. Before throwing out_of_memory the
+/// pool waits for every stream's event, moves every cached block to the shared set (coalescing
+/// across streams), gives wholly free chunks back to the upstream and retries once; the error then
+/// carries live, reserved, largest free block, free bytes per stream and fragmentation. Live blocks and counters
 /// are unchanged by a failed call (only the reserve may have shrunk by the chunks given back).
 ///
 /// **Thread safety.** Thread-safe. The common path (a size-class hit, and every deallocate) takes
@@ -108,7 +110,8 @@ public:
     static constexpr std::size_t max_alignment = custody::max_alignment;
     static constexpr std::size_t granule = detail::granule;
     static constexpr std::size_t small_threshold = detail::small_threshold;
-    /// Chunks above growth_step are rounded up to this (the GPU's large page).
+    /// The GPU's large page, which cudaMalloc rounds every allocation to: a chunk for one large
+    /// request is its size rounded up to this, a chunk sized by growth_divisor is rounded down to it.
     static constexpr std::size_t chunk_rounding = std::size_t{2} << 20;
     /// The alignment chunks are requested with: the upstream's largest (when it declares one),
     /// at most a page, at least the granule. Larger alignments are served by splitting.
@@ -385,7 +388,8 @@ private:
     /// Invariants (under mutex):
     ///   cached = sum over c of |classes[c]| * class_size(c) + spans[0].bytes() + spans[1].bytes()
     ///            + sum of recent[0, recent_count).size
-    ///   every block in classes[], spans[] and recent[] was given back on this stream
+    ///   every block in classes[], spans[] and recent[] was given back on this stream (or was idle
+    ///   when taken: the rest of a large block's chunk, kept beside it by keep_tail)
     ///   covered blocks: classes[c][0, covered[c]), recent[0, recent_covered), and all of spans[];
     ///   `event` was recorded on this stream after they were given back, so once it completes they
     ///   are idle. Only covered blocks leave the shard for another stream (except after the reclaim
@@ -565,25 +569,27 @@ private:
             }
         }
         // 2. The shared set.
-        if (void* p = take_shared(kind, size, alignment)) return p;
+        if (void* p = take_shared(sh, kind, size, alignment)) return p;
         // 3. Other streams' caches, as the policy allows.
         if (options_.reuse != reuse_policy::same_stream) {
             if (drain_completed(sh)) {
-                if (void* p = take_shared(kind, size, alignment)) return p;
+                if (void* p = take_shared(sh, kind, size, alignment)) return p;
             }
             if (options_.reuse == reuse_policy::follow_dependencies && sh != nullptr) {
                 if (void* p = take_with_dependency(stream, *sh, small, bytes, size, alignment)) return p;
             }
         }
-        // 3b. This stream's size-class lists, merged into its large blocks, when they hold more
-        //     than 1/64 of the reserve: memory cached for other sizes then serves this one before
-        //     the pool grows (what keeps the reserve near the live bytes), and the lists refill
-        //     by that much between two merges (what keeps merging rare).
+        // 3b. This stream's size-class lists, merged into its spans, when they hold more than 1/128
+        //     of the reserve (a quarter of a growth chunk): memory cached for other sizes then
+        //     serves this one before the pool grows (what keeps the reserve near the live bytes),
+        //     and the lists refill by that much between two merges (what keeps merging rare). Only
+        //     the small-kind spans serve here: the stream's large spans hold the rests of its large
+        //     blocks' chunks (take_tail), and a long-lived small block there would keep the chunk
+        //     from serving its large request again, making the large kind grow.
         if (small && sh != nullptr &&
-            flush_classes(*sh, stream, std::max(size, reserved_bytes_.load(std::memory_order_relaxed) / 64))) {
+            flush_classes(*sh, stream, std::max(size, reserved_bytes_.load(std::memory_order_relaxed) / 128))) {
             std::lock_guard lock(sh->mutex);
-            detail::free_block b = sh->spans[small_kind].take(size, alignment);
-            if (b.size == 0) b = sh->spans[large_kind].take(size, alignment);
+            const detail::free_block b = sh->spans[small_kind].take(size, alignment);
             if (b.size != 0) {
                 sh->cached -= b.size;
                 return reinterpret_cast<void*>(b.address);
@@ -605,14 +611,32 @@ private:
         // 4. Grow (by enough that an aligned block fits whatever the chunk's own alignment).
         const std::size_t need = size + (alignment > chunk_alignment ? alignment - chunk_alignment : 0);
         {
-            std::lock_guard lock(shared_mutex_);
+            std::unique_lock lock(shared_mutex_);
             if (grow(kind, need)) {
                 const detail::free_block b = shared_[kind].take(size, alignment);
-                if (b.size != 0) return reinterpret_cast<void*>(b.address);
+                if (b.size != 0) {
+                    const detail::free_block tail = take_tail(sh, kind, b);
+                    lock.unlock();
+                    keep_tail(sh, tail);
+                    return reinterpret_cast<void*>(b.address);
+                }
             }
             // The pool may not grow: chunks of the other kind serve too (segregation is a preference).
             const detail::free_block b = shared_[1 - kind].take(size, alignment);
             if (b.size != 0) return reinterpret_cast<void*>(b.address);
+        }
+        //    ... and so do this stream's spans of the other kind, without waiting for anything.
+        if (sh != nullptr) {
+            std::lock_guard lock(sh->mutex);
+            if (sh->recent_count != 0) {
+                if (sh->recent_covered < sh->recent_count) cover(*sh, stream);
+                merge_recent(*sh, sh->recent_count);
+            }
+            const detail::free_block b = sh->spans[1 - kind].take(size, alignment);
+            if (b.size != 0) {
+                sh->cached -= b.size;
+                return reinterpret_cast<void*>(b.address);
+            }
         }
         // 5. Last resort: wait for every stream, coalesce everything, give free chunks back, retry once.
         reclaims_.fetch_add(1, std::memory_order_relaxed);
@@ -631,11 +655,50 @@ private:
         throw_out_of_memory(bytes, alignment, {});
     }
 
-    void* take_shared(unsigned kind, std::size_t size, std::size_t alignment) {
+    void* take_shared(shard* sh, unsigned kind, std::size_t size, std::size_t alignment) {
+        detail::free_block b, tail;
+        {
+            std::lock_guard lock(shared_mutex_);
+            if (shared_[kind].empty()) return nullptr;
+            b = shared_[kind].take(size, alignment);
+            if (b.size == 0) return nullptr;
+            tail = take_tail(sh, kind, b);
+        }
+        keep_tail(sh, tail);
+        return reinterpret_cast<void*>(b.address);
+    }
+
+    /// For a large block `b` just cut from the shared set for stream `sh` (shared_mutex_ held): the
+    /// free rest of its chunk right behind it, when too small to serve any large request alone,
+    /// taken out for the stream to keep beside `b`. A 1.3 MiB block in a 2 MiB chunk otherwise
+    /// leaves 0.7 MiB in the shared set while the block comes back to the stream's spans: the two
+    /// never coalesce, and the next large request of another size needs a chunk of its own.
+    detail::free_block take_tail(const shard* sh, unsigned kind, const detail::free_block& b) noexcept {
+        if (kind != large_kind || sh == nullptr) return {};
+        detail::free_block tail = shared_[large_kind].take_at(b.address + b.size, b.chunk, small_threshold + granule);
+        tail.kind = large_kind;
+        return tail;
+    }
+
+    /// Puts a tail from take_tail into the stream's large spans (back into the shared set when
+    /// there is no host memory for it).
+    void keep_tail(shard* sh, const detail::free_block& tail) noexcept {
+        if (tail.size == 0) return;
+        {
+            std::lock_guard lock(sh->mutex);
+            try {
+                sh->spans[large_kind].insert(tail);
+                sh->cached += tail.size;
+                return;
+            } catch (...) {
+            }
+        }
         std::lock_guard lock(shared_mutex_);
-        if (shared_[kind].empty()) return nullptr;
-        const detail::free_block b = shared_[kind].take(size, alignment);
-        return b.size != 0 ? reinterpret_cast<void*>(b.address) : nullptr;
+        try {
+            shared_[large_kind].insert(tail);
+        } catch (...) {
+            lose(tail.size);
+        }
     }
 
     /// Moves the covered blocks of other streams whose event has completed to the shared set.
@@ -890,13 +953,14 @@ private:
     }
 
     /// Takes a chunk of `kind` for a request of `size` bytes: max(growth_step, reserved /
-    /// growth_divisor), or `size` rounded up to 2 MiB when larger; falls back to exactly `size`
-    /// when that much is refused.
+    /// growth_divisor), the latter rounded down to whole 2 MiB pages once above 2 MiB (the GPU
+    /// allocates whole pages: a page begun is a page taken), or `size` rounded up to 2 MiB when
+    /// larger; falls back to exactly `size` when that much is refused.
     bool grow(unsigned kind, std::size_t size) {
         std::size_t preferred = options_.growth_step;
         if (options_.growth_divisor != 0) {
-            preferred = std::max(preferred, align_up(reserved_bytes_.load(std::memory_order_relaxed) /
-                                                         options_.growth_divisor, granule));
+            const std::size_t share = reserved_bytes_.load(std::memory_order_relaxed) / options_.growth_divisor;
+            preferred = std::max(preferred, share >= chunk_rounding ? share - share % chunk_rounding : align_up(share, granule));
         }
         if (size > preferred) preferred = align_up(size, chunk_rounding);
         if (preferred != size && grow_exactly(kind, preferred)) return true;

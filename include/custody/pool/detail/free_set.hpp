@@ -123,6 +123,18 @@ public:
         return {at, size, chunk};
     }
 
+    /// Removes and returns the block that starts at `address` in chunk `chunk` when it is smaller
+    /// than `limit` bytes; a block of size 0 otherwise. O(log n); never allocates.
+    [[nodiscard]] free_block take_at(std::uintptr_t address, std::uintptr_t chunk, std::size_t limit) noexcept {
+        auto it = by_address_.find(address);
+        if (it == by_address_.end() || it->second.chunk != chunk || it->second.size >= limit) return {};
+        const free_block b{it->first, it->second.size, chunk};
+        by_size_.erase({b.size, b.address});
+        by_address_.erase(it);
+        bytes_ -= b.size;
+        return b;
+    }
+
     /// Removes every block for which `is_whole_chunk(address, size)` holds, passing each to
     /// `f(free_block)`.
     template <class Predicate, class F>

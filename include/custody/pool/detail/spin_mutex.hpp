@@ -22,13 +22,11 @@ public:
     spin_mutex(const spin_mutex&) = delete;
     spin_mutex& operator=(const spin_mutex&) = delete;
 
+    /// The uncontended case is one exchange, kept small so that it is inlined at every call site;
+    /// the spinning is out of line.
     void lock() noexcept {
-        for (unsigned spins = 0;; ++spins) {
-            if (!locked_.exchange(true, std::memory_order_acquire)) return;
-            while (locked_.load(std::memory_order_relaxed)) {
-                if (++spins > 64) std::this_thread::yield();
-            }
-        }
+        if (!locked_.exchange(true, std::memory_order_acquire)) [[likely]] return;
+        lock_contended();
     }
     [[nodiscard]] bool try_lock() noexcept {
         return !locked_.load(std::memory_order_relaxed) && !locked_.exchange(true, std::memory_order_acquire);
@@ -36,6 +34,15 @@ public:
     void unlock() noexcept { locked_.store(false, std::memory_order_release); }
 
 private:
+    [[gnu::noinline, gnu::cold]] void lock_contended() noexcept {
+        for (unsigned spins = 0;; ++spins) {
+            while (locked_.load(std::memory_order_relaxed)) {
+                if (++spins > 64) std::this_thread::yield();
+            }
+            if (!locked_.exchange(true, std::memory_order_acquire)) return;
+        }
+    }
+
     std::atomic<bool> locked_{false};
 };
 
