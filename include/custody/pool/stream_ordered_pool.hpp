@@ -158,7 +158,7 @@ public:
         bool uncovered = false;
         for (std::size_t i = 0; i < n; ++i) {
             shard& sh = *shards_[i].load(std::memory_order_acquire);
-            uncovered = uncovered || sh.uncovered != 0;
+            uncovered = uncovered || dirty(sh);
             try {
                 sh.event.synchronize();
             } catch (...) {
@@ -252,8 +252,12 @@ public:
             std::lock_guard lock(sh->mutex);
             try {
                 if (small) {
-                    sh->classes[c].push_back(address);
-                    sh->touched[c / 64] |= std::uint64_t{1} << (c % 64);
+                    class_list& cl = sh->classes[c];
+                    if (cl.epoch != sh->epoch) { // the first block since the last record: all before it are covered
+                        cl.covered = static_cast<std::uint32_t>(cl.blocks.size());
+                        cl.epoch = sh->epoch;
+                    }
+                    cl.blocks.push_back(address);
                 } else {
                     keep_recent(*sh, stream, {address, size, 0, 0}); // its chunk is looked up when it leaves recent[]
                 }
@@ -261,7 +265,7 @@ public:
                 sh->cached += size;
             } catch (...) {
             }
-            if (stored && ++sh->uncovered >= options_.record_interval) [[unlikely]] cover(*sh, stream);
+            if (stored && --sh->to_record == 0) [[unlikely]] cover(*sh, stream);
             ++sh->counts.deallocations;
             sh->counts.block_bytes -= static_cast<std::int64_t>(size);
             discharge(*sh, bytes);
@@ -303,7 +307,7 @@ public:
                 p.largest_free_block = std::max(p.largest_free_block, sh.recent[i].size);
             }
             for (std::size_t k = detail::class_count; k-- > 0;) {
-                if (!sh.classes[k].empty()) {
+                if (!sh.classes[k].blocks.empty()) {
                     p.largest_free_block = std::max(p.largest_free_block, detail::class_size(k));
                     break;
                 }
@@ -382,6 +386,16 @@ private:
         }
     };
 
+    /// One size class's free blocks in a shard, newest last. While `epoch` is the shard's, the
+    /// first `covered` of them were given back before the shard's event was last recorded (the
+    /// others after); once the shard records again (its epoch moves on), all of them were. So a
+    /// record costs O(1), and a free or an allocation touches one cache line half for the class.
+    struct alignas(32) class_list {
+        std::vector<std::uintptr_t> blocks;
+        std::uint32_t covered = 0; ///< meaningful while epoch == the shard's epoch
+        std::uint32_t epoch = 0;
+    };
+
     /// What the pool knows about one stream. Cache-line aligned so that two streams' locks never
     /// share a line.
     ///
@@ -390,13 +404,14 @@ private:
     ///            + sum of recent[0, recent_count).size
     ///   every block in classes[], spans[] and recent[] was given back on this stream (or was idle
     ///   when taken: the rest of a large block's chunk, kept beside it by keep_tail)
-    ///   covered blocks: classes[c][0, covered[c]), recent[0, recent_covered), and all of spans[];
+    ///   covered blocks: classes[c].blocks[0, classes[c].covered), recent[0, recent_covered), and all of spans[];
     ///   `event` was recorded on this stream after they were given back, so once it completes they
     ///   are idle. Only covered blocks leave the shard for another stream (except after the reclaim
-    ///   synchronized the device). uncovered == 0 => every block is covered.
+    ///   synchronized the device). to_record == record_interval => every block is covered.
     ///   credit <= peak live - live (summed over the shards: see committed_)
     struct alignas(64) shard {
-        shard(std::uintptr_t k, event_type e) : key(k), event(std::move(e)) {}
+        shard(std::uintptr_t k, event_type e, std::size_t record_interval)
+            : key(k), event(std::move(e)), to_record(record_interval) {}
         const std::uintptr_t key;
         mutable detail::spin_mutex mutex;
         event_type event;
@@ -405,7 +420,9 @@ private:
         /// Live bytes this stream may add without touching the pool-wide count: bytes given back
         /// on it that are still counted in committed_ (see charge()).
         std::size_t credit = 0;
-        std::array<std::vector<std::uintptr_t>, detail::class_count> classes; ///< classes[c]: free blocks of class_size(c)
+        std::size_t to_record;     ///< frees left before the next record: 1..record_interval
+        std::uint32_t epoch = 0;   ///< records so far (wrapping: see cover())
+        std::array<class_list, detail::class_count> classes; ///< classes[c]: free blocks of class_size(c)
         /// spans[small_kind]: class blocks merged (flush_classes); spans[large_kind]: blocks above small_threshold
         std::array<detail::free_set, 2> spans;
         /// The large blocks given back most recently, oldest first, not yet merged into spans: a
@@ -413,11 +430,7 @@ private:
         /// layer to the next) comes back in O(1), without touching the trees.
         std::array<detail::free_block, 4> recent{};
         std::size_t recent_count = 0; ///< recent_count <= recent.size()
-        std::array<std::uint32_t, detail::class_count> covered{}; ///< covered[c] <= classes[c].size()
-        std::size_t recent_covered = 0;                           ///< recent_covered <= recent_count
-        /// Classes given a block since the last record (bit c % 64 of word c / 64).
-        std::array<std::uint64_t, (detail::class_count + 63) / 64> touched{};
-        std::size_t uncovered = 0; ///< blocks given back since the last record
+        std::size_t recent_covered = 0; ///< recent_covered <= recent_count
     };
 
     /// The pool-wide counters with the call counts `c` summed over the shards.
@@ -485,7 +498,7 @@ private:
                                         std::to_string(platform_type::stream_device(stream)) +
                                         " used with a pool of device " + std::to_string(device_));
         }
-        auto sh = std::make_unique<shard>(key, events_.acquire());
+        auto sh = std::make_unique<shard>(key, events_.acquire(), options_.record_interval);
         shard* raw = sh.release();
         shards_[n].store(raw, std::memory_order_release);
         shard_count_.store(n + 1, std::memory_order_release);
@@ -503,20 +516,20 @@ private:
 
     void* pop_class(shard& sh, std::size_t c, std::size_t size, std::size_t alignment, std::size_t bytes) {
         std::uintptr_t address = 0;
-        std::size_t uncovered = 0;
+        std::size_t owed = 0;
         {
             std::lock_guard lock(sh.mutex);
-            auto& list = sh.classes[c];
+            auto& list = sh.classes[c].blocks;
             if (list.empty() || (alignment > granule && (list.back() & (alignment - 1)) != 0)) return nullptr;
             address = list.back();
             list.pop_back();
-            sh.covered[c] = std::min(sh.covered[c], static_cast<std::uint32_t>(list.size()));
+            if (sh.classes[c].covered > list.size()) sh.classes[c].covered = static_cast<std::uint32_t>(list.size());
             sh.cached -= size;
             ++sh.counts.allocations;
             sh.counts.block_bytes += static_cast<std::int64_t>(size);
-            uncovered = charge(sh, bytes);
+            owed = charge(sh, bytes);
         }
-        if (uncovered != 0) [[unlikely]] commit(uncovered);
+        if (owed != 0) [[unlikely]] commit(owed);
         return reinterpret_cast<void*>(address);
     }
 
@@ -524,16 +537,21 @@ private:
     /// shard holds.
     void cover(shard& sh, stream_type stream) noexcept {
         record_noexcept(sh, stream);
-        for (std::size_t w = 0; w < sh.touched.size(); ++w) {
-            for (std::uint64_t bits = sh.touched[w]; bits != 0; bits &= bits - 1) {
-                const std::size_t c = w * 64 + static_cast<std::size_t>(std::countr_zero(bits));
-                sh.covered[c] = static_cast<std::uint32_t>(sh.classes[c].size());
-            }
-            sh.touched[w] = 0;
+        if (++sh.epoch == 0) { // wrapped: no class may keep an epoch equal to the new one
+            for (auto& cl : sh.classes) cl.epoch = 0;
+            sh.epoch = 1;
         }
         sh.recent_covered = sh.recent_count;
-        sh.uncovered = 0;
+        sh.to_record = options_.record_interval;
     }
+
+    /// How many of class c's blocks in `sh` are covered (its lock held).
+    static std::size_t covered_blocks(const shard& sh, std::size_t c) noexcept {
+        const class_list& cl = sh.classes[c];
+        return cl.epoch == sh.epoch ? std::min<std::size_t>(cl.covered, cl.blocks.size()) : cl.blocks.size();
+    }
+    /// Some block was given back since the last record (its lock held).
+    bool dirty(const shard& sh) const noexcept { return sh.to_record != options_.record_interval; }
 
     void record_noexcept(shard& sh, stream_type stream) noexcept {
         try {
@@ -733,14 +751,15 @@ private:
             if (&other == &self) continue;
             std::lock_guard lock(other.mutex);
             if (other.cached == 0) continue;
-            if (small && other.covered[c] != 0) {
-                auto& list = other.classes[c];
-                const auto k = static_cast<std::ptrdiff_t>(other.covered[c] - 1); // the newest covered block
+            const std::size_t covered = small ? covered_blocks(other, c) : 0;
+            if (covered != 0) {
+                auto& list = other.classes[c].blocks;
+                const auto k = static_cast<std::ptrdiff_t>(covered - 1); // the newest covered block
                 if (alignment <= granule || (list[static_cast<std::size_t>(k)] & (alignment - 1)) == 0) {
                     platform_type::wait(stream, other.event);
                     result = reinterpret_cast<void*>(list[static_cast<std::size_t>(k)]);
                     list.erase(list.begin() + k);
-                    --other.covered[c];
+                    if (other.classes[c].epoch == other.epoch) --other.classes[c].covered;
                     other.cached -= size;
                 }
             }
@@ -826,15 +845,15 @@ private:
         std::size_t recent = 0;
         for (std::size_t i = 0; i < sh.recent_count; ++i) recent += sh.recent[i].size;
         if (sh.cached - sh.spans[small_kind].bytes() - sh.spans[large_kind].bytes() - recent < threshold) return false;
-        if (sh.uncovered != 0) cover(sh, stream);
+        if (dirty(sh)) cover(sh, stream);
         bool moved = false;
         for (std::size_t c = 0; c < detail::class_count; ++c) {
-            auto& list = sh.classes[c];
+            auto& list = sh.classes[c].blocks;
             while (!list.empty()) {
                 const chunk_ref where = chunk_of(list.back());
                 sh.spans[where.kind].insert({list.back(), detail::class_size(c), where.base});
                 list.pop_back();
-                sh.covered[c] = static_cast<std::uint32_t>(list.size());
+                sh.classes[c].covered = 0;
                 moved = true;
             }
         }
@@ -848,15 +867,16 @@ private:
         const std::size_t recent = covered_only ? sh.recent_covered : sh.recent_count;
         std::size_t count = sh.spans[small_kind].count() + sh.spans[large_kind].count() + recent;
         for (std::size_t c = 0; c < detail::class_count; ++c) {
-            count += covered_only ? sh.covered[c] : sh.classes[c].size();
+            count += covered_only ? covered_blocks(sh, c) : sh.classes[c].blocks.size();
         }
         blocks.reserve(count);
         for (std::size_t c = 0; c < detail::class_count; ++c) {
-            auto& list = sh.classes[c];
-            const std::size_t k = covered_only ? sh.covered[c] : list.size();
+            auto& list = sh.classes[c].blocks;
+            const std::size_t k = covered_only ? covered_blocks(sh, c) : list.size();
             for (std::size_t i = 0; i < k; ++i) blocks.push_back({list[i], detail::class_size(c), 0, 0}); // chunk: looked up later
             list.erase(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(k));
-            sh.covered[c] = 0;
+            sh.classes[c].covered = 0; // those left, if any, came after the last record
+            sh.classes[c].epoch = sh.epoch;
         }
         for (std::size_t i = 0; i < recent; ++i) blocks.push_back(sh.recent[i]);
         std::move(sh.recent.begin() + static_cast<std::ptrdiff_t>(recent),
@@ -870,7 +890,7 @@ private:
             });
         }
         for (const auto& b : blocks) sh.cached -= b.size;
-        if (!covered_only) sh.uncovered = 0;
+        if (!covered_only) sh.to_record = options_.record_interval;
         return blocks;
     }
 
@@ -903,7 +923,7 @@ private:
             if (taken.size() == taken.capacity()) return; // a shard created during the reclaim
             std::lock_guard lock(sh.mutex);
             if (sh.cached == 0) return;
-            if (sh.uncovered == 0) {
+            if (!dirty(sh)) {
                 sh.event.synchronize();
             } else {
                 uncovered = true;
@@ -1086,9 +1106,9 @@ private:
             sh.credit -= bytes;
             return 0;
         }
-        const std::size_t uncovered = bytes - sh.credit;
+        const std::size_t owed = bytes - sh.credit;
         sh.credit = 0;
-        return uncovered;
+        return owed;
     }
     /// Takes `bytes` off a shard's live bytes and keeps them as its credit (its lock held).
     static void discharge(shard& sh, std::size_t bytes) noexcept {
@@ -1116,14 +1136,14 @@ private:
     void on_allocated_slow(shard* sh, std::size_t bytes, std::size_t size) noexcept {
         slow_allocations_.fetch_add(1, std::memory_order_relaxed);
         slow_block_bytes_.fetch_add(static_cast<std::int64_t>(size), std::memory_order_relaxed);
-        std::size_t uncovered = bytes;
+        std::size_t owed = bytes;
         if (sh != nullptr) {
             std::lock_guard lock(sh->mutex);
-            uncovered = charge(*sh, bytes);
+            owed = charge(*sh, bytes);
         } else {
             slow_live_bytes_.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
         }
-        if (uncovered != 0) commit(uncovered);
+        if (owed != 0) commit(owed);
     }
     /// A block given back without a shard (a capturing stream, or one past max_streams).
     void on_deallocated_slow(std::size_t bytes, std::size_t size) noexcept {

@@ -28,9 +28,9 @@ inline constexpr std::size_t class_count = 16 + (20 - 12) * 16;
 [[nodiscard]] constexpr std::size_t class_of(std::size_t bytes) noexcept {
     if (bytes <= 4096) return bytes == 0 ? 0 : (bytes - 1) / granule;
     const std::size_t k = static_cast<std::size_t>(std::bit_width(bytes - 1)) - 1; // 2^k < bytes <= 2^(k+1)
-    const std::size_t step = std::size_t{1} << (k - 4);
-    const std::size_t sub = (bytes - (std::size_t{1} << k) + step - 1) / step; // 1..16
-    return 16 + (k - 12) * 16 + (sub - 1);
+    // ceil((bytes - 2^k) / 2^(k-4)) - 1, in 0..15, by a shift (the classes are 2^(k-4) apart)
+    const std::size_t sub = (bytes - 1 - (std::size_t{1} << k)) >> (k - 4);
+    return 16 + (k - 12) * 16 + sub;
 }
 
 /// The size of every block of class `c` (c < class_count).
