@@ -845,19 +845,42 @@ private:
         std::size_t recent = 0;
         for (std::size_t i = 0; i < sh.recent_count; ++i) recent += sh.recent[i].size;
         if (sh.cached - sh.spans[small_kind].bytes() - sh.spans[large_kind].bytes() - recent < threshold) return false;
+        std::size_t count = 0;
+        for (const auto& cl : sh.classes) count += cl.blocks.size();
+        if (count == 0) return false;
+        // Sorted by address, blocks cut one after another from a span (a request's KV pages)
+        // form runs that go into the tree as one block: one insert per run, not per block.
+        std::vector<detail::free_block> blocks;
+        blocks.reserve(count); // may throw: nothing has moved yet
         if (dirty(sh)) cover(sh, stream);
-        bool moved = false;
         for (std::size_t c = 0; c < detail::class_count; ++c) {
-            auto& list = sh.classes[c].blocks;
-            while (!list.empty()) {
-                const chunk_ref where = chunk_of(list.back());
-                sh.spans[where.kind].insert({list.back(), detail::class_size(c), where.base});
-                list.pop_back();
-                sh.classes[c].covered = 0;
-                moved = true;
+            for (std::uintptr_t a : sh.classes[c].blocks) blocks.push_back({a, detail::class_size(c), 0, 0});
+            sh.classes[c].blocks.clear();
+            sh.classes[c].covered = 0;
+        }
+        std::sort(blocks.begin(), blocks.end(), [](const auto& x, const auto& y) { return x.address < y.address; });
+        std::shared_lock chunks_lock(chunks_mutex_);
+        std::uintptr_t chunk_end = 0;
+        chunk_ref where;
+        for (std::size_t i = 0; i < blocks.size();) {
+            detail::free_block run = blocks[i++];
+            if (run.address >= chunk_end || run.address < where.base) {
+                auto it = std::prev(chunks_.upper_bound(run.address));
+                where = {it->first, it->second.kind};
+                chunk_end = it->first + it->second.size;
+            }
+            while (i < blocks.size() && blocks[i].address == run.address + run.size && blocks[i].address < chunk_end) {
+                run.size += blocks[i++].size;
+            }
+            run.chunk = where.base;
+            try {
+                sh.spans[where.kind].insert(run);
+            } catch (...) {
+                sh.cached -= run.size;
+                lose(run.size);
             }
         }
-        return moved;
+        return true;
     }
 
     /// Takes a shard's blocks (its lock held) into a list: the covered ones, or all of them.
