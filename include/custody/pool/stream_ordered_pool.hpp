@@ -732,7 +732,7 @@ private:
                 blocks = take_blocks(other, true);
             }
             if (blocks.empty()) return;
-            to_shared(blocks);
+            to_shared(std::move(blocks));
             opportunistic_reuses_.fetch_add(1, std::memory_order_relaxed);
             moved = true;
         });
@@ -858,8 +858,18 @@ private:
             sh.classes[c].blocks.clear();
             sh.classes[c].covered = 0;
         }
-        std::sort(blocks.begin(), blocks.end(), [](const auto& x, const auto& y) { return x.address < y.address; });
         std::shared_lock chunks_lock(chunks_mutex_);
+        sh.cached -= insert_runs(blocks, sh.spans);
+        return true;
+    }
+
+    /// Inserts `blocks` into `sets` (each into its chunk's kind), sorted by address so that each
+    /// run of adjacent blocks of one chunk goes in as one block: one tree insert and one chunk
+    /// lookup per run. The caller holds a lock that keeps chunks_ stable. Returns the bytes that
+    /// could not be stored (no host memory for a node): they are counted lost.
+    std::size_t insert_runs(std::vector<detail::free_block>& blocks, std::array<detail::free_set, 2>& sets) noexcept {
+        std::sort(blocks.begin(), blocks.end(), [](const auto& x, const auto& y) { return x.address < y.address; });
+        std::size_t lost = 0;
         std::uintptr_t chunk_end = 0;
         chunk_ref where;
         for (std::size_t i = 0; i < blocks.size();) {
@@ -874,13 +884,13 @@ private:
             }
             run.chunk = where.base;
             try {
-                sh.spans[where.kind].insert(run);
+                sets[where.kind].insert(run);
             } catch (...) {
-                sh.cached -= run.size;
+                lost += run.size;
                 lose(run.size);
             }
         }
-        return true;
+        return lost;
     }
 
     /// Takes a shard's blocks (its lock held) into a list: the covered ones, or all of them.
@@ -919,20 +929,9 @@ private:
 
     /// Inserts blocks into the shared set, coalescing. A block that cannot be stored (no host
     /// memory for a node) is reported and counted lost.
-    void to_shared(const std::vector<detail::free_block>& blocks) noexcept {
+    void to_shared(std::vector<detail::free_block> blocks) noexcept {
         std::lock_guard lock(shared_mutex_);
-        for (detail::free_block b : blocks) {
-            if (b.chunk == 0) {
-                const chunk_ref where = chunk_of_locked(b.address);
-                b.chunk = where.base;
-                b.kind = where.kind;
-            }
-            try {
-                shared_[b.kind].insert(b);
-            } catch (...) {
-                lose(b.size);
-            }
-        }
+        insert_runs(blocks, shared_);
     }
 
     /// Moves every stream's cache to the shared set once its blocks are idle: a stream whose
@@ -964,7 +963,7 @@ private:
                 throw;
             }
         }
-        for (const auto& blocks : taken) to_shared(blocks);
+        for (auto& blocks : taken) to_shared(std::move(blocks));
     }
 
     /// Waits for all work on the pool's device (every device, for a pool of no device). Blocks
