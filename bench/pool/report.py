@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Turns the JSON output of bench_pool (--benchmark_format=json) into the markdown tables of
 docs/benchmarks.md: each peer's time divided by the pool's, so a ratio above 1 means the pool is
-faster. Single-threaded rows use CPU time (the figures of a shared machine), multi-threaded rows
+faster. With --benchmark_repetitions, each figure is the median of the repetitions.
+Single-threaded rows use CPU time (the figures of a shared machine), multi-threaded rows
 wall time (what scaling is about)."""
 import json
 import sys
@@ -13,11 +14,13 @@ PEERS = ["malloc", "pmr_unsync", "pmr_sync"]
 def load(path):
     with open(path) as f:
         data = json.load(f)
-    rows = {}
+    rows, medians = {}, {}
     for b in data["benchmarks"]:
-        if b.get("run_type", "iteration") != "iteration":
-            continue
-        rows[b["name"]] = b
+        if b.get("run_type", "iteration") == "iteration":
+            rows[b.get("run_name", b["name"])] = b
+        elif b.get("aggregate_name") == "median":  # with --benchmark_repetitions: the median run
+            medians[b["run_name"]] = b
+    rows.update(medians)
     return data["context"], rows
 
 

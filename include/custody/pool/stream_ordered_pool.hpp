@@ -1219,7 +1219,8 @@ private:
 
     // ---- fields ----
     // Lock order: a shard's mutex, then chunks_mutex_ (shared); shared_mutex_, then chunks_mutex_
-    // (unique). A shard's mutex and shared_mutex_ are never held together.
+    // (unique); peak_mutex_, then a shard's mutex. A shard's mutex and shared_mutex_ are never
+    // held together, nor is peak_mutex_ taken while a shard's mutex is held.
 
     Upstream upstream_;
     pool_options options_;
