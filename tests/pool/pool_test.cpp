@@ -508,6 +508,41 @@ TEST_CASE("blocks given back since a stream's last record serve no other stream 
     check_accounting(pool);
 }
 
+TEST_CASE("a stream records as soon as the bytes given back since its last record reach record_bytes",
+          "[pool][streams][record]") {
+    constexpr std::size_t n = 3 * MiB;
+    pool_options o;
+    o.growth_step = 4 * MiB;
+    o.maximum_size = 12 * MiB;
+    o.record_bytes = 4 * MiB;
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream a;
+    custody::host::stream b;
+    void* p1 = pool.allocate(a, n, 256);
+    void* p2 = pool.allocate(a, n, 256);
+    custody::test::stream_gate<platform> gate(a);
+    platform::memset_async(p1, 0xAA, n, a);
+    platform::memset_async(p2, 0xAA, n, a);
+    pool.deallocate(a, p1, n, 256); // 3 MiB since the last record: not covered
+    void* q1 = pool.allocate(b, n, 256); // a new chunk, not p1
+    CHECK(q1 != p1);
+    CHECK(pool.detailed_statistics().dependency_waits == 0);
+    pool.deallocate(a, p2, n, 256); // 6 MiB: a's event is recorded, covering p1 and p2
+    void* q2 = pool.allocate(b, n, 256); // the limit is reached: p1 or p2, behind a's work
+    CHECK((q2 == p1 || q2 == p2));
+    CHECK(pool.detailed_statistics().dependency_waits == 1);
+    platform::memset_async(q2, 0x55, n, b);
+    gate.open();
+    platform::synchronize(b);
+    const auto* bytes = static_cast<const unsigned char*>(q2);
+    CHECK(bytes[0] == 0x55);
+    CHECK(bytes[n - 1] == 0x55);
+    pool.deallocate(b, q1, n, 256);
+    pool.deallocate(b, q2, n, 256);
+    platform::synchronize(a);
+    check_accounting(pool);
+}
+
 TEST_CASE("the last resort takes blocks no record covers after synchronizing the device, stream gone or busy",
           "[pool][streams][record][oom]") {
     constexpr std::size_t n = 64 * KiB;

@@ -72,6 +72,10 @@ struct pool_options {
     /// other streams see them within a fraction of a step, for about 1/64 of a record per free.
     /// 1 records at every free (RMM's and CUB's behaviour); 0 is taken as 1.
     std::size_t record_interval = 64;
+    /// ... or as soon as the blocks given back on the stream since its last record reach this
+    /// many bytes: a large buffer given back on a quiet stream (a communication buffer freed once
+    /// a step) then serves other streams at once, for one record per 64 MiB.
+    std::size_t record_bytes = std::size_t{64} << 20;
 
     /// The whole-device budget: the pool grows only while the device keeps `device_headroom` bytes
     /// free for what the pool does not own (NCCL buffers, CUDA contexts, cuBLAS/cuDNN workspaces).

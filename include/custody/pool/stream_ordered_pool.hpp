@@ -65,8 +65,8 @@ namespace custody::pool {
 /// **Stream semantics.** allocate(s, ...) returns memory usable by work enqueued on s after the
 /// call. deallocate(s, p, ...) puts p in s's cache, so p is reused at once by later allocations
 /// on s (they are ordered after the work that used p). Another stream t gets p only once s's
-/// event, recorded on s after the free (every pool_options::record_interval frees on s, or when
-/// s's blocks move into its spans), covers it, and then as the reuse_policy allows: once that
+/// event, recorded on s after the free (every pool_options::record_interval frees or
+/// record_bytes bytes given back on s, or when s's blocks move into its spans), covers it, and then as the reuse_policy allows: once that
 /// event has completed (opportunistic), or after making t wait on it (follow_dependencies), or,
 /// under same_stream, only by the last-resort reclaim, which waits on the host (for the event,
 /// or for the whole device when blocks are not yet covered). The synchronous pair acts on the
@@ -265,7 +265,10 @@ public:
                 sh->cached += size;
             } catch (...) {
             }
-            if (stored && --sh->to_record == 0) [[unlikely]] cover(*sh, stream);
+            if (stored) {
+                sh->uncovered_bytes += size;
+                if (--sh->to_record == 0 || sh->uncovered_bytes >= options_.record_bytes) [[unlikely]] cover(*sh, stream);
+            }
             ++sh->counts.deallocations;
             sh->counts.block_bytes -= static_cast<std::int64_t>(size);
             discharge(*sh, bytes);
@@ -421,6 +424,7 @@ private:
         /// on it that are still counted in committed_ (see charge()).
         std::size_t credit = 0;
         std::size_t to_record;     ///< frees left before the next record: 1..record_interval
+        std::size_t uncovered_bytes = 0; ///< bytes given back since the last record (< record_bytes)
         std::uint32_t epoch = 0;   ///< records so far (wrapping: see cover())
         std::array<class_list, detail::class_count> classes; ///< classes[c]: free blocks of class_size(c)
         /// spans[small_kind]: class blocks merged (flush_classes); spans[large_kind]: blocks above small_threshold
@@ -543,6 +547,7 @@ private:
         }
         sh.recent_covered = sh.recent_count;
         sh.to_record = options_.record_interval;
+        sh.uncovered_bytes = 0;
     }
 
     /// How many of class c's blocks in `sh` are covered (its lock held).
@@ -923,7 +928,10 @@ private:
             });
         }
         for (const auto& b : blocks) sh.cached -= b.size;
-        if (!covered_only) sh.to_record = options_.record_interval;
+        if (!covered_only) {
+            sh.to_record = options_.record_interval;
+            sh.uncovered_bytes = 0;
+        }
         return blocks;
     }
 
