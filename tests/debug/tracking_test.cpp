@@ -168,6 +168,30 @@ TEST_CASE("a pointer never given is reported and not forwarded", "[debug][check]
     CHECK(t.upstream().statistics() == before);
 }
 
+TEST_CASE("a pointer inside a live block is reported as interior, naming the block, and not forwarded",
+          "[debug][check]") {
+    inspecting_tracker t(quiet("interior"));
+    owner_scope s("kv_cache");
+    void* p = t.allocate({}, 1000, 256);
+    const auto before = t.upstream().statistics();
+    const auto tracked = t.statistics();
+    void* inside = static_cast<unsigned char*>(p) + 384;
+    const violation v = caught([&] { t.deallocate_checked({}, inside, 616, 256); });
+    CHECK(v.kind == violation_kind::interior_pointer);
+    CHECK(v.pointer == inside);
+    REQUIRE(v.has_allocated);
+    CHECK(v.allocated.owner == "kv_cache");
+    CHECK(v.allocated.bytes == 1000);
+    CHECK(v.detail.find("384 B inside") != std::string::npos);
+    CHECK(t.upstream().statistics() == before);
+    CHECK(t.statistics() == tracked);
+    // One past the block's end is not inside it.
+    void* past = static_cast<unsigned char*>(p) + 1000;
+    CHECK(caught([&] { t.deallocate_checked({}, past, 8, 8); }).kind == violation_kind::unknown_pointer);
+    t.deallocate({}, p, 1000, 256); // the block is intact and still frees right
+    CHECK(t.statistics().live_allocations == 0);
+}
+
 TEST_CASE("a wrong size or alignment is reported, and the block can still be freed right", "[debug][check]") {
     inspecting_tracker t(quiet("size"));
     owner_scope s("weights");

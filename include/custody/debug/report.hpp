@@ -55,6 +55,7 @@ enum class violation_kind {
     wrong_alignment,  ///< deallocate's alignment differs from allocate's
     wrong_device,     ///< freed with another device current (or on another device's stream)
     foreign_free,     ///< freed through a tracker other than the one that handed it out
+    interior_pointer, ///< the pointer lies inside a live block of this tracker, not at its start
     stream_hazard,    ///< freed on another stream than the ones it was used on, with no ordering
     buffer_underflow, ///< the guard bytes before the block were overwritten
     buffer_overflow,  ///< the guard bytes after the block were overwritten
@@ -69,6 +70,7 @@ enum class violation_kind {
     case violation_kind::wrong_alignment: return "wrong_alignment";
     case violation_kind::wrong_device: return "wrong_device";
     case violation_kind::foreign_free: return "foreign_free";
+    case violation_kind::interior_pointer: return "interior_pointer";
     case violation_kind::stream_hazard: return "stream_hazard";
     case violation_kind::buffer_underflow: return "buffer_underflow";
     case violation_kind::buffer_overflow: return "buffer_overflow";

@@ -837,6 +837,25 @@ private:
         return it->second;
     }
 
+    /// Whether `ptr` lies inside a live block (past its start); if so, fills `v` with the block.
+    /// O(live blocks): only a bad free asks.
+    bool interior_of(const void* ptr, violation& v) const {
+        const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+        std::lock_guard lock(mutex_);
+        for (const auto& [start, r] : ledger_) {
+            const auto begin = reinterpret_cast<std::uintptr_t>(start);
+            if (r.live && begin < address && address < begin + r.bytes) {
+                v.has_allocated = true;
+                v.allocated = site_of(r);
+                v.detail = "the pointer lies " + std::to_string(address - begin) + " B inside the live block at " +
+                           detail::call_stack::hex(start) + " (" + std::to_string(r.bytes) +
+                           " B); give back the pointer the allocation returned";
+                return true;
+            }
+        }
+        return false;
+    }
+
     static bool registry_lookup(const void* self, const void* ptr, allocation_site& site, std::string& name) {
         const auto* t = static_cast<const tracking_resource*>(self);
         std::lock_guard lock(t->mutex_);
@@ -975,6 +994,8 @@ private:
                 v.allocated = std::move(other);
                 v.other_tracker = std::move(other_name);
                 v.detail = "handed out by tracker '" + v.other_tracker + "'";
+            } else if (interior_of(ptr, v)) {
+                v.kind = violation_kind::interior_pointer;
             } else {
                 v.kind = violation_kind::unknown_pointer;
                 v.detail = "this pointer was never handed out (or was freed long ago)";
