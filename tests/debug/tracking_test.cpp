@@ -11,11 +11,19 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <latch>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
 
 using namespace custody;
 using namespace custody::debug;
@@ -822,4 +830,50 @@ TEST_CASE("a wrong-tracker free at an address this tracker once freed is still a
     } catch (const tracking_error& e) {
         CHECK(e.kind() == violation_kind::double_free);
     }
+}
+
+// ---- policy::abort ---------------------------------------------------------------------------------
+
+namespace {
+
+/// Runs tests/debug/abort_worker with `mode`, stderr to a file; returns (terminating signal or 0,
+/// what it wrote to stderr).
+std::pair<int, std::string> run_abort_worker(const char* mode) {
+    char path[] = "/tmp/custody-abort-XXXXXX";
+    const int fd = ::mkstemp(path);
+    REQUIRE(fd >= 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fd, 2);
+    char worker[] = CUSTODY_ABORT_WORKER;
+    char* argv[] = {worker, const_cast<char*>(mode), nullptr};
+    pid_t pid = 0;
+    const int spawned = ::posix_spawn(&pid, worker, &actions, nullptr, argv, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    REQUIRE(spawned == 0);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    std::string err;
+    char buffer[4096];
+    ::lseek(fd, 0, SEEK_SET);
+    for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) err.append(buffer, static_cast<std::size_t>(n));
+    ::close(fd);
+    ::unlink(path);
+    return {WIFSIGNALED(status) ? WTERMSIG(status) : 0, err};
+}
+
+} // namespace
+
+TEST_CASE("policy::abort reports the violation, then aborts", "[debug][policy]") {
+    const auto [signal, err] = run_abort_worker("violation");
+    CHECK(signal == SIGABRT);
+    CHECK(err.find("double_free") != std::string::npos);
+    CHECK(err.find("'planted'") != std::string::npos);
+}
+
+TEST_CASE("policy::abort on leaks reports the live blocks at destruction, then aborts", "[debug][policy]") {
+    const auto [signal, err] = run_abort_worker("leak");
+    CHECK(signal == SIGABRT);
+    CHECK(err.find("planted") != std::string::npos);
+    CHECK(err.find("512") != std::string::npos);
 }
