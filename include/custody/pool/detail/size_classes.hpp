@@ -3,6 +3,7 @@
 /// small and medium requests are rounded to.
 #pragma once
 
+#include <array>
 #include <bit>
 #include <cstddef>
 
@@ -33,13 +34,23 @@ inline constexpr std::size_t class_count = 16 + (20 - 12) * 16;
     return 16 + (k - 12) * 16 + sub;
 }
 
-/// The size of every block of class `c` (c < class_count).
-[[nodiscard]] constexpr std::size_t class_size(std::size_t c) noexcept {
+/// The size of every block of class `c` (c < class_count), computed.
+[[nodiscard]] constexpr std::size_t compute_class_size(std::size_t c) noexcept {
     if (c < 16) return (c + 1) * granule;
     const std::size_t j = c - 16;
     const std::size_t k = 12 + j / 16;
     return (std::size_t{1} << k) + (j % 16 + 1) * (std::size_t{1} << (k - 4));
 }
+
+/// Every class's size, looked up on the pool's fast path (one load from a table of 1152 bytes).
+inline constexpr auto class_sizes = [] {
+    std::array<std::size_t, class_count> sizes{};
+    for (std::size_t c = 0; c < class_count; ++c) sizes[c] = compute_class_size(c);
+    return sizes;
+}();
+
+/// The size of every block of class `c` (c < class_count).
+[[nodiscard]] constexpr std::size_t class_size(std::size_t c) noexcept { return class_sizes[c]; }
 
 /// The size of the block that serves a request of `bytes` (bytes >= 1, not near SIZE_MAX): its
 /// class size when small, else `bytes` rounded up to the granule.
