@@ -109,7 +109,7 @@ inline void write_string(std::string& out, std::string_view s) {
 }
 
 /// A streaming writer that emits compact JSON with one member per line at the top levels, and
-/// keeps commas right. Usage: w.begin_object(); w.key("a"); w.number(1); w.end_object();
+/// keeps commas right. Usage: w.begin_object(); w.field("a", 1); w.key("b"); w.begin_array(); ...
 /// Not thread-safe. Preconditions (Expects-style, not checked at run time): keys only inside
 /// objects, balanced begin/end.
 class writer {
@@ -154,6 +154,32 @@ public:
     void null() {
         separate();
         out_ += "null";
+    }
+    /// A member: key(k), then the value as string(), number() or boolean() would write it.
+    void field(std::string_view k, std::string_view v) {
+        key(k);
+        string(v);
+    }
+    void field(std::string_view k, const char* v) { field(k, std::string_view(v)); } // not the bool one
+    void field(std::string_view k, std::int64_t v) {
+        key(k);
+        number(v);
+    }
+    void field(std::string_view k, std::uint64_t v) {
+        key(k);
+        number(v);
+    }
+    void field(std::string_view k, int v) {
+        key(k);
+        number(v);
+    }
+    void field(std::string_view k, double v) {
+        key(k);
+        number(v);
+    }
+    void field(std::string_view k, bool v) {
+        key(k);
+        boolean(v);
     }
     /// Writes a parsed value back.
     void write(const value& v) {
