@@ -157,28 +157,23 @@ struct cross_rank_view {
     w.field("displayTimeUnit", "ms");
     w.key("traceEvents");
     w.begin_array();
+    // A metadata event naming or ordering a rank's process: {"name": what, "ph": "M", ..., "args": {key: value}}.
+    const auto metadata = [&w](const char* what, int pid, const char* key, const auto& value) {
+        w.begin_object();
+        w.field("name", what);
+        w.field("ph", "M");
+        w.field("pid", pid);
+        w.field("tid", 0);
+        w.key("args");
+        w.begin_object();
+        w.field(key, value);
+        w.end_object();
+        w.end_object();
+    };
     for (const auto& r : reports) {
         const int pid = r.rank.rank + 1;
-        w.begin_object();
-        w.field("name", "process_name");
-        w.field("ph", "M");
-        w.field("pid", pid);
-        w.field("tid", 0);
-        w.key("args");
-        w.begin_object();
-        w.field("name", "rank " + std::to_string(r.rank.rank));
-        w.end_object();
-        w.end_object();
-        w.begin_object();
-        w.field("name", "process_sort_index");
-        w.field("ph", "M");
-        w.field("pid", pid);
-        w.field("tid", 0);
-        w.key("args");
-        w.begin_object();
-        w.field("sort_index", r.rank.rank);
-        w.end_object();
-        w.end_object();
+        metadata("process_name", pid, "name", "rank " + std::to_string(r.rank.rank));
+        metadata("process_sort_index", pid, "sort_index", r.rank.rank);
         // Every owner the rank ever had gets a value at every sample (0 when absent), so each
         // counter track steps down to zero instead of holding its last value.
         std::set<std::string> owners;
