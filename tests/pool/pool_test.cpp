@@ -508,6 +508,27 @@ TEST_CASE("blocks given back since a stream's last record serve no other stream 
     check_accounting(pool);
 }
 
+TEST_CASE("a record_interval of 0 is taken as 1: every free is covered at once", "[pool][streams][record]") {
+    constexpr std::size_t n = 64 * KiB;
+    pool_options o;
+    o.growth_step = n;
+    o.maximum_size = n;
+    o.record_interval = 0;
+    stream_ordered_pool<host_memory> pool(o);
+    CHECK(pool.options().record_interval == 1);
+    custody::host::stream a;
+    custody::host::stream b;
+    void* p = pool.allocate(a, n, 256);
+    pool.deallocate(a, p, n, 256);
+    void* q = pool.allocate(b, n, 256); // covered: a's event (complete) hands it over, no reclaim
+    CHECK(q == p);
+    CHECK(pool.detailed_statistics().opportunistic_reuses == 1);
+    CHECK(pool.detailed_statistics().reclaims == 0);
+    pool.deallocate(b, q, n, 256);
+    platform::synchronize(a);
+    check_accounting(pool);
+}
+
 TEST_CASE("a stream records as soon as the bytes given back since its last record reach record_bytes",
           "[pool][streams][record]") {
     constexpr std::size_t n = 3 * MiB;
