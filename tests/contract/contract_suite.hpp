@@ -20,7 +20,7 @@
 
 #include "../support/stream_gate.hpp"
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -7,7 +7,7 @@
 
 #include "../support/cuda_stream_gate.hpp"
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <numeric>
 #include <vector>

@@ -8,7 +8,7 @@
 #include <custody/debug/tracking_resource.hpp>
 #include <custody/resource/host_memory.hpp>
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <cstdio>
 #include <fstream>

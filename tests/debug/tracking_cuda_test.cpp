@@ -5,7 +5,7 @@
 #include <custody/debug/tracking_resource.hpp>
 #include <custody/platform/cuda.hpp>
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <cuda_runtime_api.h>
 

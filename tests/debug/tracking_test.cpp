@@ -8,7 +8,7 @@
 
 #include "../support/stream_gate.hpp"
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <cmath>
 #include <csignal>
@@ -518,8 +518,8 @@ TEST_CASE("with call stacks, one owner's leaks split by call site", "[debug][lea
     const bool a_first = r.groups[0].stack.front().find("allocate_from_site_a") != std::string::npos;
     const auto& site_a = a_first ? r.groups[0].stack : r.groups[1].stack;
     const auto& site_b = a_first ? r.groups[1].stack : r.groups[0].stack;
-    CHECK_THAT(site_a.front(), Catch::Contains("allocate_from_site_a"));
-    CHECK_THAT(site_b.front(), Catch::Contains("allocate_from_site_b"));
+    CHECK_THAT(site_a.front(), custody_test::contains("allocate_from_site_a"));
+    CHECK_THAT(site_b.front(), custody_test::contains("allocate_from_site_b"));
     for (void* p : blocks) t.deallocate({}, p, 10, 16);
 }
 

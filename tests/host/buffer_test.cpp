@@ -8,7 +8,7 @@
 #include "../support/checking_resource.hpp"
 #include "../support/stream_gate.hpp"
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <numeric>
 

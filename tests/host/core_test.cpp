@@ -5,7 +5,7 @@
 #include <custody/core/statistics.hpp>
 #include <custody/resource/host_memory.hpp>
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <string>
 #include <thread>
@@ -26,7 +26,7 @@ TEST_CASE("alignment helpers", "[core]") {
     CHECK_THROWS_AS(custody::check_alignment(0), std::invalid_argument);
     CHECK_THROWS_AS(custody::check_alignment(24), std::invalid_argument);
     CHECK_THROWS_AS(custody::check_alignment(8192), std::invalid_argument);
-    CHECK_THROWS_WITH(custody::check_alignment(24), Catch::Contains("not a power of two"));
+    CHECK_THROWS_WITH(custody::check_alignment(24), custody_test::contains("not a power of two"));
 }
 
 TEST_CASE("cuda_error carries the call, the error's name and code, and file:line", "[core]") {

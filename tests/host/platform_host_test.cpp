@@ -3,7 +3,7 @@
 
 #include "../support/stream_gate.hpp"
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <atomic>
 #include <thread>

@@ -14,7 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -1,7 +1,7 @@
 // The Catch2 main of the interop cuda suite. Without a device the cases tagged [gpu] are skipped,
 // the others (host memory through CCCL, compile-time checks) still run, and the suite exits 77.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <custody/platform/cuda.hpp>
 

@@ -6,7 +6,7 @@
 #include <custody/interop/nccl_memory.hpp>
 
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <cstdio>
 #include <stdexcept>

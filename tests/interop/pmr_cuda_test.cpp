@@ -4,7 +4,7 @@
 #include <custody/resource/managed.hpp>
 #include <custody/resource/pinned_host.hpp>
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <cstdint>
 #include <memory_resource>

@@ -3,7 +3,7 @@
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <cstddef>
 #include <cstdint>

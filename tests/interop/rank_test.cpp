@@ -5,7 +5,7 @@
 #include <custody/core/rank.hpp>
 #include <custody/platform/host.hpp>
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <barrier>
 #include <cstddef>
@@ -113,20 +113,20 @@ TEST_CASE("the rank is read from torchrun, Open MPI and Slurm variables", "[inte
 
 TEST_CASE("a missing or invalid environment is a clear rank_error", "[interop][rank]") {
     CHECK_THROWS_WITH(rank_from_environment(env({})),
-                      Catch::Contains("no rank in the environment") && Catch::Contains("LOCAL_RANK") &&
-                          Catch::Contains("SLURM_PROCID") && Catch::Contains("OMPI_COMM_WORLD_RANK"));
+                      custody_test::contains("no rank in the environment") && custody_test::contains("LOCAL_RANK") &&
+                          custody_test::contains("SLURM_PROCID") && custody_test::contains("OMPI_COMM_WORLD_RANK"));
     CHECK_THROWS_WITH(rank_from_environment(env({{"RANK", "0"}, {"WORLD_SIZE", "2"}})),
-                      Catch::Contains("RANK is set but LOCAL_RANK is not"));
+                      custody_test::contains("RANK is set but LOCAL_RANK is not"));
     CHECK_THROWS_WITH(rank_from_environment(env({{"RANK", "0"}, {"LOCAL_RANK", "zero"}, {"WORLD_SIZE", "2"}})),
-                      Catch::Contains("LOCAL_RANK='zero' is not a non-negative integer"));
+                      custody_test::contains("LOCAL_RANK='zero' is not a non-negative integer"));
     CHECK_THROWS_WITH(rank_from_environment(env({{"RANK", "-1"}, {"LOCAL_RANK", "0"}, {"WORLD_SIZE", "2"}})),
-                      Catch::Contains("RANK='-1'"));
+                      custody_test::contains("RANK='-1'"));
     CHECK_THROWS_WITH(rank_from_environment(env({{"RANK", "2 "}, {"LOCAL_RANK", "0"}, {"WORLD_SIZE", "4"}})),
-                      Catch::Contains("RANK='2 '"));
+                      custody_test::contains("RANK='2 '"));
     CHECK_THROWS_WITH(rank_from_environment(env({{"RANK", "4"}, {"LOCAL_RANK", "0"}, {"WORLD_SIZE", "4"}})),
-                      Catch::Contains("rank 4 is not below the world size 4"));
+                      custody_test::contains("rank 4 is not below the world size 4"));
     CHECK_THROWS_WITH(rank_from_environment(env({{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS", "0"}})),
-                      Catch::Contains("world size 0 is not positive") && Catch::Contains("Slurm"));
+                      custody_test::contains("world size 0 is not positive") && custody_test::contains("Slurm"));
     CHECK_THROWS_AS(rank_from_environment(env({{"RANK", "0"}, {"LOCAL_RANK", "3"}, {"WORLD_SIZE", "4"},
                                                {"LOCAL_WORLD_SIZE", "2"}})),
                     rank_error);
@@ -161,7 +161,7 @@ TEST_CASE("a local rank beyond the visible devices is a rank_error", "[interop][
     const int count = host_platform::device_count();
     thread_exchange exchange(count + 1);
     CHECK_THROWS_WITH(bind_device<host_platform>(rank(count, count, count + 1), exchange),
-                      Catch::Contains("local rank " + std::to_string(count)) && Catch::Contains("has no device"));
+                      custody_test::contains("local rank " + std::to_string(count)) && custody_test::contains("has no device"));
 }
 
 TEST_CASE("the claims must cover every rank once", "[interop][rank]") {
@@ -173,8 +173,8 @@ TEST_CASE("the claims must cover every rank once", "[interop][rank]") {
     device_claim b = a;
     b.device = 1;
     device_claim::assign(b.device_id, "device 1");
-    CHECK_THROWS_WITH(custody::interop::check_device_claims({a, b}, 2), Catch::Contains("no claim from rank 1"));
-    CHECK_THROWS_WITH(custody::interop::check_device_claims({a}, 2), Catch::Contains("gathered 1 claims"));
+    CHECK_THROWS_WITH(custody::interop::check_device_claims({a, b}, 2), custody_test::contains("no claim from rank 1"));
+    CHECK_THROWS_WITH(custody::interop::check_device_claims({a}, 2), custody_test::contains("gathered 1 claims"));
     b.rank = 1;
     CHECK_NOTHROW(custody::interop::check_device_claims({b, a}, 2));
     // Identity, not the index, decides: one GPU seen as device 0 by both ranks under different

@@ -11,7 +11,7 @@
 #include <thrust/sequence.h>
 #include <thrust/sort.h>
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <algorithm>
 #include <cstdint>

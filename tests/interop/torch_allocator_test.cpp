@@ -5,7 +5,7 @@
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/virtual_device_memory.hpp>
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <atomic>
 #include <memory>
@@ -73,7 +73,7 @@ TEST_CASE("the last error is kept per thread", "[interop][torch]") {
     std::string other;
     std::thread([&] { other = alloc.last_error(); }).join();
     CHECK(other.empty());
-    CHECK_THAT(alloc.last_error(), Catch::Contains("device 5 out of range (1 devices)"));
+    CHECK_THAT(alloc.last_error(), custody_test::contains("device 5 out of range (1 devices)"));
 }
 
 TEST_CASE("injected exhaustion reaches the caller as null and changes nothing", "[interop][torch]") {
@@ -84,7 +84,7 @@ TEST_CASE("injected exhaustion reaches the caller as null and changes nothing", 
     const auto before = alloc.statistics(0);
     alloc.resource(0).fail_at(1);
     CHECK(alloc.alloc(1024, 0, {}) == nullptr);
-    CHECK_THAT(alloc.last_error(), Catch::Contains("out of memory"));
+    CHECK_THAT(alloc.last_error(), custody_test::contains("out of memory"));
     CHECK(alloc.statistics(0) == before);
     CHECK(alloc.trim(-1) == 0); // nothing to trim: the resource keeps no cache
     alloc.free(a, 1024, 0, {});

@@ -6,7 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <dlfcn.h>
 
@@ -43,7 +43,7 @@ TEST_CASE("the CUDA build loads and serves the visible devices", "[interop][torc
     REQUIRE(device_count() == devices);
     if (devices == 0) {
         CHECK(alloc(1024, 0, nullptr) == nullptr);
-        CHECK_THAT(last_error(), Catch::Contains("device 0 out of range (0 devices)"));
+        CHECK_THAT(last_error(), custody_test::contains("device 0 out of range (0 devices)"));
         return;
     }
     custody::cuda::stream stream(0);

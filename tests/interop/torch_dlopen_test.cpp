@@ -3,7 +3,7 @@
 // since the library's state lives as long as the process.
 #include "../../plugins/torch/custody_torch_allocator.h"
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <dlfcn.h>
 
@@ -103,14 +103,14 @@ TEST_CASE("bad requests return null with a reason and change nothing", "[interop
     CHECK(lib().alloc(0, 2, nullptr) == nullptr);
     CHECK(std::string(lib().last_error()).empty()); // zero bytes is not an error
     CHECK(lib().alloc(100, 99, nullptr) == nullptr);
-    CHECK_THAT(lib().last_error(), Catch::Contains("device 99 out of range"));
+    CHECK_THAT(lib().last_error(), custody_test::contains("device 99 out of range"));
     CHECK(lib().alloc(-5, 2, nullptr) == nullptr);
-    CHECK_THAT(lib().last_error(), Catch::Contains("negative allocation size"));
+    CHECK_THAT(lib().last_error(), custody_test::contains("negative allocation size"));
     custody_torch_stats s{};
     CHECK(lib().stats(99, &s) == -1);
     CHECK(lib().stats(2, nullptr) == -1);
     lib().free(reinterpret_cast<void*>(0x1000), 64, 6, nullptr); // device 6 never allocated anything
-    CHECK_THAT(lib().last_error(), Catch::Contains("did not allocate"));
+    CHECK_THAT(lib().last_error(), custody_test::contains("did not allocate"));
     CHECK(lib().stats_of(2).allocations == 0);
 }
 
@@ -119,7 +119,7 @@ TEST_CASE("exhaustion returns null with the out-of-memory message, and the devic
     REQUIRE(a != nullptr);
     const auto before = lib().stats_of(3);
     CHECK(lib().alloc(static_cast<ssize_t>(cap), 3, nullptr) == nullptr);
-    CHECK_THAT(lib().last_error(), Catch::Contains("out of memory") && Catch::Contains("device 3"));
+    CHECK_THAT(lib().last_error(), custody_test::contains("out of memory") && custody_test::contains("device 3"));
     const auto after = lib().stats_of(3);
     CHECK(after.live_bytes == before.live_bytes);
     CHECK(after.allocations == before.allocations);
@@ -146,8 +146,8 @@ TEST_CASE("the report names every device in use and truncates safely", "[interop
     std::string full(length + 1, '\0');
     CHECK(lib().report(full.data(), full.size()) == length);
     full.resize(length);
-    CHECK_THAT(full, Catch::Contains("custody device 7: live 4096 B in 1 blocks"));
-    CHECK_THAT(full, Catch::Contains("custody device 0:"));
+    CHECK_THAT(full, custody_test::contains("custody device 7: live 4096 B in 1 blocks"));
+    CHECK_THAT(full, custody_test::contains("custody device 0:"));
     char small[16];
     CHECK(lib().report(small, sizeof small) == length);
     CHECK(std::strlen(small) == sizeof small - 1);

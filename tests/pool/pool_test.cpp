@@ -9,7 +9,7 @@
 
 #include "../support/stream_gate.hpp"
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -1,7 +1,7 @@
 // The Catch2 main for the cuda suites: exits 77 (skipped) when no CUDA device is present, so the
 // suites build and "pass as skipped" on machines without a GPU.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <custody/platform/cuda.hpp>
 
