@@ -23,7 +23,7 @@ public:
     void ReportRuns(const std::vector<Run>& runs) override {
         ConsoleReporter::ReportRuns(runs);
         for (const Run& run : runs) {
-            if (run.error_occurred) continue;
+            if (failed(run)) continue;
             // With --benchmark_repetitions, the median stands for the size; else each run does.
             if (run.run_type == Run::RT_Aggregate && run.aggregate_name != "median") continue;
             if (run.run_type == Run::RT_Iteration && run.repetitions > 1) continue;
@@ -69,6 +69,16 @@ public:
     }
 
 private:
+    // Google Benchmark 1.8 replaced Run::error_occurred with Run::skipped; take either.
+    template <class R>
+    static bool failed(const R& run) {
+        if constexpr (requires { run.error_occurred; }) {
+            return run.error_occurred;
+        } else {
+            return static_cast<int>(run.skipped) != 0;
+        }
+    }
+
     static double unit_ns(benchmark::TimeUnit unit) {
         switch (unit) {
         case benchmark::kNanosecond: return 1.0;
