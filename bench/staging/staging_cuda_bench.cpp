@@ -59,7 +59,8 @@ struct device_buffer {
     void* ptr = nullptr;
     explicit device_buffer(std::size_t n) {
         CUSTODY_CUDA_TRY(cudaMalloc(&ptr, n));
-        CUSTODY_CUDA_TRY(cudaMemset(ptr, 0, n));
+        CUSTODY_CUDA_TRY(cudaMemset(ptr, 0, n)); // legacy stream: finished before non-blocking streams copy
+        CUSTODY_CUDA_TRY(cudaDeviceSynchronize());
     }
     ~device_buffer() { CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaFree(ptr)); }
     device_buffer(const device_buffer&) = delete;

@@ -6,7 +6,7 @@
 
 #include "../support/cuda_pinned_host.hpp"
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -38,7 +38,10 @@ struct device_array {
     device_array(std::size_t n, int d) : count(n), device(d) {
         custody::cuda::device_guard g(d);
         CUSTODY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&ptr), n * sizeof(T)));
+        // cudaMemset runs on the legacy default stream, which custody's non-blocking streams do not
+        // wait for: finish it before a test copies into the array on such a stream.
         CUSTODY_CUDA_TRY(cudaMemset(ptr, 0, n * sizeof(T)));
+        CUSTODY_CUDA_TRY(cudaDeviceSynchronize());
     }
     ~device_array() {
         custody::cuda::device_guard g(device);
