@@ -7,17 +7,48 @@
 
 #include <custody/resource/cuda_malloc.hpp>
 
-#include <catch2/catch.hpp>
+#include "../support/catch.hpp"
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 using custody::cuda::platform;
 using custody::pool::pool_options;
 using custody::pool::stream_ordered_pool;
 using pool_type = stream_ordered_pool<custody::resource::cuda_malloc>;
+
+namespace {
+
+/// Holds a stream at a host function until open() is called, so that work enqueued behind it is
+/// certainly pending (a test that relies on a memset still running fails when the device is fast or
+/// a tool slows the host).
+class stream_gate {
+public:
+    explicit stream_gate(cudaStream_t s) : stream_(s) {
+        CUSTODY_CUDA_TRY(cudaLaunchHostFunc(s, &stream_gate::hold, &open_));
+    }
+    ~stream_gate() { // the host function reads open_: it must have returned before open_ goes
+        open();
+        CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaStreamSynchronize(stream_));
+    }
+    stream_gate(const stream_gate&) = delete;
+    stream_gate& operator=(const stream_gate&) = delete;
+    void open() noexcept { open_.store(true, std::memory_order_release); }
+
+private:
+    static void hold(void* flag) {
+        const auto* open = static_cast<const std::atomic<bool>*>(flag);
+        while (!open->load(std::memory_order_acquire)) std::this_thread::yield();
+    }
+    cudaStream_t stream_;
+    std::atomic<bool> open_{false};
+};
+
+} // namespace
 
 static_assert(custody::stream_ordered_resource<pool_type>);
 static_assert(custody::resource_with_statistics<pool_type>);
@@ -49,12 +80,14 @@ TEST_CASE("cuda: follow_dependencies makes the taking stream wait on the giver's
     custody::cuda::stream a(0);
     custody::cuda::stream b(0);
     void* p = pool.allocate(a, 1 << 20, 256);
+    stream_gate gate(a.view().get()); // a's work, and so its event, stays pending until the gate opens
     platform::memset_async(p, 0xAA, 1 << 20, a);
     pool.deallocate(a, p, 1 << 20, 256);
     void* q = pool.allocate(b, 1 << 20, 256);
     CHECK(q == p);
     CHECK(pool.detailed_statistics().dependency_waits == 1);
-    platform::memset_async(q, 0x55, 1 << 20, b);
+    platform::memset_async(q, 0x55, 1 << 20, b); // ordered after a's 0xAA by the pool's event wait
+    gate.open();
     unsigned char last = 0;
     platform::memcpy_async(&last, static_cast<unsigned char*>(q) + (1 << 20) - 1, 1, b);
     platform::synchronize(b);
