@@ -2,6 +2,8 @@
 /// The statistics every resource reports, and a thread-safe counter that keeps them exact.
 #pragma once
 
+#include <custody/core/detail/atomic_peak.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -36,9 +38,9 @@ public:
     /// Records an allocation of `bytes` (non-zero) that the upstream just satisfied.
     void on_allocate(std::size_t bytes, std::size_t reserved) noexcept {
         const std::size_t live = live_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-        raise(peak_live_bytes_, live);
+        detail::raise_peak(peak_live_bytes_, live);
         const std::size_t res = reserved_bytes_.fetch_add(reserved, std::memory_order_relaxed) + reserved;
-        raise(peak_reserved_bytes_, res);
+        detail::raise_peak(peak_reserved_bytes_, res);
         live_allocations_.fetch_add(1, std::memory_order_relaxed);
         allocations_.fetch_add(1, std::memory_order_relaxed);
     }
@@ -64,12 +66,6 @@ public:
     }
 
 private:
-    static void raise(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
-        std::size_t seen = peak.load(std::memory_order_relaxed);
-        while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
-        }
-    }
-
     std::atomic<std::size_t> live_bytes_{0};
     std::atomic<std::size_t> peak_live_bytes_{0};
     std::atomic<std::size_t> reserved_bytes_{0};

@@ -3,6 +3,7 @@
 /// with typed errors for a report that is missing, truncated or not a custody report.
 #pragma once
 
+#include <custody/core/detail/format.hpp>
 #include <custody/core/error.hpp>
 #include <custody/debug/detail/json.hpp>
 #include <custody/debug/report.hpp>
@@ -58,7 +59,7 @@ inline void write_site(json::writer& w, const allocation_site& s) {
     w.field("owner", s.owner);
     w.field("rank", s.rank);
     w.field("device", s.device);
-    w.field("stream", call_stack::hex(reinterpret_cast<const void*>(s.stream)));
+    w.field("stream", custody::detail::to_hex(reinterpret_cast<const void*>(s.stream)));
     w.field("synchronous", s.synchronous);
     w.field("sequence", s.sequence);
     w.field("time_ns", static_cast<std::int64_t>(s.time_ns));
@@ -149,7 +150,7 @@ inline void write_site(json::writer& w, const allocation_site& s) {
     for (const auto& v : r.violations) {
         w.begin_object();
         w.field("kind", to_string(v.kind));
-        w.field("pointer", detail::call_stack::hex(v.pointer));
+        w.field("pointer", custody::detail::to_hex(v.pointer));
         w.field("tracker", v.tracker);
         w.field("other_tracker", v.other_tracker);
         w.field("detail", v.detail);

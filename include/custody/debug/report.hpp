@@ -4,6 +4,7 @@
 /// snapshots and their differences. Plain values, no locks.
 #pragma once
 
+#include <custody/core/detail/format.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/debug/owner_scope.hpp>
 #include <custody/core/rank.hpp>
@@ -40,7 +41,7 @@ struct allocation_site {
     /// "owner 'decoder' rank 1 device 2 stream 0x7f.. seq 42 (128 B, align 256)"
     [[nodiscard]] std::string describe() const {
         std::string s = "owner '" + owner + "' rank " + std::to_string(rank) + " device " + std::to_string(device);
-        s += synchronous ? std::string(" (synchronous)") : " stream " + detail::call_stack::hex(reinterpret_cast<const void*>(stream));
+        s += synchronous ? std::string(" (synchronous)") : " stream " + custody::detail::to_hex(reinterpret_cast<const void*>(stream));
         s += " seq " + std::to_string(sequence) + " (" + std::to_string(bytes) + " B, align " +
              std::to_string(alignment) + ")";
         return s;
@@ -98,7 +99,7 @@ struct violation {
 
     /// The full multi-line report.
     [[nodiscard]] std::string describe() const {
-        std::string s = std::string("custody: ") + to_string(kind) + " of " + detail::call_stack::hex(pointer) +
+        std::string s = std::string("custody: ") + to_string(kind) + " of " + custody::detail::to_hex(pointer) +
                         " in tracker '" + tracker + "'";
         if (!detail.empty()) s += ": " + detail;
         if (has_allocated) {

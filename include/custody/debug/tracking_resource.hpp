@@ -13,6 +13,7 @@
 ///   tracking_resource.hpp  this adaptor
 #pragma once
 
+#include <custody/core/detail/format.hpp>
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/error.hpp>
@@ -831,7 +832,7 @@ private:
     record& live_record(const void* ptr) {
         const auto it = ledger_.find(ptr);
         if (it == ledger_.end() || !it->second.live) {
-            throw std::invalid_argument("custody: " + detail::call_stack::hex(ptr) + " is not live in tracker '" +
+            throw std::invalid_argument("custody: " + custody::detail::to_hex(ptr) + " is not live in tracker '" +
                                         options_.name + "'");
         }
         return it->second;
@@ -848,7 +849,7 @@ private:
                 v.has_allocated = true;
                 v.allocated = site_of(r);
                 v.detail = "the pointer lies " + std::to_string(address - begin) + " B inside the live block at " +
-                           detail::call_stack::hex(start) + " (" + std::to_string(r.bytes) +
+                           custody::detail::to_hex(start) + " (" + std::to_string(r.bytes) +
                            " B); give back the pointer the allocation returned";
                 return true;
             }
@@ -921,10 +922,10 @@ private:
                            std::to_string(r.device);
                 } else if (options_.check_streams && !synchronous && hazard(r, stream)) {
                     kind = violation_kind::stream_hazard;
-                    what = "freed on stream " + detail::call_stack::hex(reinterpret_cast<const void*>(
+                    what = "freed on stream " + custody::detail::to_hex(reinterpret_cast<const void*>(
                                                     platform_type::stream_key(stream))) +
                            " with no ordering after its use on stream " +
-                           detail::call_stack::hex(reinterpret_cast<const void*>(
+                           custody::detail::to_hex(reinterpret_cast<const void*>(
                                platform_type::stream_key(first_unordered_use(r, stream))));
                 }
                 if (!what.empty()) {

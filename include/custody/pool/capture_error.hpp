@@ -3,6 +3,7 @@
 /// into a CUDA graph.
 #pragma once
 
+#include <custody/core/detail/format.hpp>
 #include <custody/core/error.hpp>
 
 #include <cstdint>
@@ -18,7 +19,7 @@ class capture_error final : public custody::error {
 public:
     capture_error(std::uintptr_t stream_key, std::size_t bytes)
         : error("custody: stream_ordered_pool refuses to allocate " + std::to_string(bytes) +
-                " bytes on stream 0x" + to_hex(stream_key) +
+                " bytes on stream " + detail::to_hex(stream_key) +
                 " while it is being captured into a graph; allocate before capture"),
           stream_key_(stream_key), bytes_(bytes) {}
 
@@ -26,15 +27,6 @@ public:
     [[nodiscard]] std::size_t requested() const noexcept { return bytes_; }
 
 private:
-    static std::string to_hex(std::uintptr_t v) {
-        static constexpr char digits[] = "0123456789abcdef";
-        std::string s;
-        do {
-            s.insert(s.begin(), digits[v & 0xf]);
-            v >>= 4;
-        } while (v != 0);
-        return s;
-    }
     std::uintptr_t stream_key_;
     std::size_t bytes_;
 };

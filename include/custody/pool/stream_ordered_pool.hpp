@@ -18,6 +18,8 @@
 ///   capture_error                   pool/capture_error.hpp
 #pragma once
 
+#include <custody/core/detail/atomic_peak.hpp>
+#include <custody/core/detail/format.hpp>
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/error.hpp>
@@ -1040,7 +1042,7 @@ private:
         }
         upstream_allocations_.fetch_add(1, std::memory_order_relaxed);
         const std::size_t reserved = reserved_bytes_.fetch_add(n, std::memory_order_relaxed) + n;
-        raise(peak_reserved_bytes_, reserved);
+        custody::detail::raise_peak(peak_reserved_bytes_, reserved);
         return true;
     }
 
@@ -1111,11 +1113,6 @@ private:
 
     // ---- counters ----
 
-    static void raise(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
-        std::size_t seen = peak.load(std::memory_order_relaxed);
-        while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
-        }
-    }
     // Live bytes and their exact peak, without a pool-wide write on the common path.
     //
     // Each shard counts the live bytes of its stream and holds a credit: bytes given back on it
@@ -1161,7 +1158,7 @@ private:
             now = committed_.fetch_sub(sh.credit, std::memory_order_relaxed) - sh.credit;
             sh.credit = 0;
         }
-        raise(peak_live_bytes_, now);
+        custody::detail::raise_peak(peak_live_bytes_, now);
     }
     void on_allocated_slow(shard* sh, std::size_t bytes, std::size_t size) noexcept {
         slow_allocations_.fetch_add(1, std::memory_order_relaxed);
@@ -1210,9 +1207,7 @@ private:
              " B, shared free " + std::to_string(p.shared_free_bytes) + " B, free per stream [";
         bool first = true;
         for (const auto& s : p.per_stream) {
-            char key[32];
-            std::snprintf(key, sizeof key, "0x%jx", static_cast<std::uintmax_t>(s.stream_key));
-            d += (first ? "" : ", ") + std::string(key) + ": " + std::to_string(s.bytes) + " B";
+            d += (first ? "" : ", ") + custody::detail::to_hex(s.stream_key) + ": " + std::to_string(s.bytes) + " B";
             first = false;
         }
         char ratio[96];

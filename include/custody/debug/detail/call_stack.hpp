@@ -3,6 +3,8 @@
 /// report is written (backtrace_symbols).
 #pragma once
 
+#include <custody/core/detail/format.hpp>
+
 #include <cxxabi.h>
 #include <execinfo.h>
 
@@ -49,7 +51,7 @@ struct call_stack {
         char** symbols = ::backtrace_symbols(frames.data(), depth);
         lines.reserve(static_cast<std::size_t>(depth));
         for (int i = 0; i < depth; ++i) {
-            lines.push_back(symbols != nullptr ? demangle(symbols[i]) : hex(frames[static_cast<std::size_t>(i)]));
+            lines.push_back(symbols != nullptr ? demangle(symbols[i]) : custody::detail::to_hex(frames[static_cast<std::size_t>(i)]));
         }
         std::free(static_cast<void*>(symbols)); // NOLINT: backtrace_symbols returns one malloc'ed block
         const auto own = [](const std::string& line) { // the function itself is custody::debug's
@@ -79,20 +81,6 @@ struct call_stack {
         return out;
     }
 
-    static std::string hex(const void* p) {
-        static constexpr char digits[] = "0123456789abcdef";
-        auto v = reinterpret_cast<std::uintptr_t>(p);
-        std::string out = "0x";
-        bool started = false;
-        for (int shift = static_cast<int>(sizeof v * 8) - 4; shift >= 0; shift -= 4) {
-            const auto d = static_cast<unsigned>((v >> shift) & 0xF);
-            if (d != 0 || started || shift == 0) {
-                out += digits[d];
-                started = true;
-            }
-        }
-        return out;
-    }
 
     friend bool operator==(const call_stack& a, const call_stack& b) noexcept {
         return a.depth == b.depth && std::equal(a.frames.begin(), a.frames.begin() + a.depth, b.frames.begin());
