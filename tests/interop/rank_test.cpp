@@ -111,6 +111,42 @@ TEST_CASE("the rank is read from torchrun, Open MPI and Slurm variables", "[inte
     CHECK(both.rank == 1);
 }
 
+TEST_CASE("torchrun inside an Open MPI job: torchrun's complete set wins", "[interop][rank]") {
+    // mpirun starts one torchrun agent per node; each agent starts its workers with RANK & co.
+    // The worker inherits the agent's OMPI_COMM_WORLD_* too, which describe the agents' job.
+    const auto vars = std::map<std::string, std::string>{
+        {"RANK", "5"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "4"},
+        {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}};
+    CHECK(rank_from_environment(env(vars)) == rank_info{5, 1, 8, 4, "torchrun"});
+    CHECK(custody::detect_rank(env(vars)) == rank_info{5, 1, 8, 4, "torchrun"});
+}
+
+TEST_CASE("a launcher set that contradicts itself is an error, never skipped for the next", "[interop][rank]") {
+    const std::map<std::string, std::string> mpi{
+        {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}};
+    auto contradictory = mpi;
+    contradictory.insert({{"RANK", "0"}, {"LOCAL_RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}});
+    auto incomplete = mpi;
+    incomplete.insert({{"RANK", "0"}});
+    for (const auto& vars : {contradictory, incomplete}) {
+        // Both entry points agree: the torchrun set is wrong, and the message says which complete
+        // set was passed over and how to use it.
+        const custody::environment_lookup read = env(vars);
+        CHECK_THROWS_WITH(rank_from_environment(read),
+                          custody_test::contains("torchrun") &&
+                              custody_test::contains("Open MPI's variables are complete (rank 1 of 2)") &&
+                              custody_test::contains("unset RANK"));
+        CHECK_THROWS_AS(custody::detect_rank(read), rank_error);
+    }
+    // Alone, the same incomplete set names no other launcher.
+    try {
+        static_cast<void>(rank_from_environment(env({{"RANK", "0"}})));
+        FAIL("no rank_error");
+    } catch (const rank_error& e) {
+        CHECK_THAT(std::string(e.what()), !custody_test::contains("variables are complete"));
+    }
+}
+
 TEST_CASE("a missing or invalid environment is a clear rank_error", "[interop][rank]") {
     CHECK_THROWS_WITH(rank_from_environment(env({})),
                       custody_test::contains("no rank in the environment") && custody_test::contains("LOCAL_RANK") &&

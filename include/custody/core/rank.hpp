@@ -106,37 +106,81 @@ inline rank_info validate(rank_info info) {
     return info;
 }
 
+namespace detail {
+
+/// Reads one launcher's set: its rank, local rank and world size must all be set, be non-negative
+/// integers and be consistent; throws rank_error naming the variable otherwise.
+inline rank_info read_launcher(const launcher_variables& vars, const std::string& rank_text,
+                               const environment_lookup& lookup) {
+    rank_info info;
+    info.source = vars.launcher;
+    info.rank = parse_count(vars.rank, rank_text);
+    for (const auto& [name, field] : {std::pair{vars.local_rank, &info.local_rank},
+                                      std::pair{vars.world_size, &info.world_size}}) {
+        const auto value = lookup(name);
+        if (!value) {
+            throw rank_error(std::string("custody: ") + vars.rank + " is set but " + name +
+                             " is not (launcher: " + vars.launcher + ")");
+        }
+        *field = parse_count(name, *value);
+    }
+    if (const auto local_size = lookup(vars.local_world_size)) {
+        // Slurm's SLURM_NTASKS_PER_NODE may read "4(x2)" on uneven layouts: keep it unknown then.
+        const std::string& text = *local_size;
+        if (text.find_first_not_of("0123456789") == std::string::npos) {
+            info.local_world_size = parse_count(vars.local_world_size, text);
+        }
+    }
+    return validate(std::move(info));
+}
+
+/// What a rank_error about `bad` adds when a later launcher's set is complete and consistent: the
+/// set passed over and how to use it; empty when there is none.
+inline std::string complete_set_after(const launcher_variables* bad, const environment_lookup& lookup) {
+    for (const launcher_variables* later = bad + 1; later != launchers.data() + launchers.size(); ++later) {
+        const auto rank = lookup(later->rank);
+        if (!rank) continue;
+        try {
+            const rank_info other = read_launcher(*later, *rank, lookup);
+            return std::string("; ") + later->launcher + "'s variables are complete (rank " +
+                   std::to_string(other.rank) + " of " + std::to_string(other.world_size) + "): unset " + bad->rank +
+                   ", " + bad->local_rank + ", " + bad->world_size + " and " + bad->local_world_size +
+                   " to use them";
+        } catch (const rank_error&) {
+            continue;
+        }
+    }
+    return {};
+}
+
+} // namespace detail
+
 /// Reads the rank from the environment seen through `lookup`. The first launcher whose rank
-/// variable is set wins (torchrun, then Open MPI, then Slurm); that launcher's rank, local rank and
-/// world size must then all be set, be non-negative integers and be consistent.
+/// variable is set decides (torchrun, then Open MPI, then Slurm); that launcher's rank, local rank
+/// and world size must then all be set, be non-negative integers and be consistent.
+///
+/// Precedence when several sets are present: a launcher started inside another's job (torchrun
+/// agents started by mpirun or srun, one per node) leaves the outer job's variables in its workers'
+/// environment, describing the agents, not the workers. So a complete, consistent torchrun set wins
+/// over Open MPI's and Slurm's, whatever they say. A set that is present but incomplete or
+/// contradicts itself is an error, never skipped in favour of the next: a rank read from the wrong
+/// set binds the wrong GPU and labels reports wrongly, silently. The message names a later set that
+/// is complete, and which variables to unset to use it.
 ///
 /// Throws rank_error when no launcher's variables are set (naming what was looked for), when one is
 /// missing, or when a value is malformed or inconsistent (naming the variable and its value).
-/// Thread safety: as `lookup`. Complexity: a dozen lookups.
+/// Thread safety: as `lookup`. Complexity: a few dozen lookups.
 [[nodiscard]] inline rank_info rank_from_environment(const environment_lookup& lookup) {
     for (const auto& vars : detail::launchers) {
         const auto rank = lookup(vars.rank);
         if (!rank) continue;
-        rank_info info;
-        info.source = vars.launcher;
-        info.rank = detail::parse_count(vars.rank, *rank);
-        for (const auto& [name, field] : {std::pair{vars.local_rank, &info.local_rank},
-                                          std::pair{vars.world_size, &info.world_size}}) {
-            const auto value = lookup(name);
-            if (!value) {
-                throw rank_error(std::string("custody: ") + vars.rank + " is set but " + name +
-                                 " is not (launcher: " + vars.launcher + ")");
-            }
-            *field = detail::parse_count(name, *value);
+        try {
+            return detail::read_launcher(vars, *rank, lookup);
+        } catch (const rank_error& e) {
+            const std::string other = detail::complete_set_after(&vars, lookup);
+            if (other.empty()) throw;
+            throw rank_error(e.what() + other);
         }
-        if (const auto local_size = lookup(vars.local_world_size)) {
-            // Slurm's SLURM_NTASKS_PER_NODE may read "4(x2)" on uneven layouts: keep it unknown then.
-            const std::string& text = *local_size;
-            if (text.find_first_not_of("0123456789") == std::string::npos) {
-                info.local_world_size = detail::parse_count(vars.local_world_size, text);
-            }
-        }
-        return validate(std::move(info));
     }
     throw rank_error("custody: no rank in the environment: set RANK, LOCAL_RANK and WORLD_SIZE (as torchrun "
                      "does), or launch under Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_LOCAL_RANK, "
@@ -150,7 +194,7 @@ inline rank_info validate(rank_info info) {
 /// As rank_from_environment, except that a process no launcher started (none of the rank variables
 /// is set) is rank 0 of 1 with source "default" instead of an error: for tools that also run
 /// outside a job, such as the tracking resource. Variables that are set but malformed or
-/// inconsistent are still a rank_error.
+/// inconsistent are still a rank_error, with the same precedence.
 [[nodiscard]] inline rank_info detect_rank(const environment_lookup& lookup) {
     for (const auto& vars : detail::launchers) {
         if (lookup(vars.rank)) return rank_from_environment(lookup);
