@@ -6,6 +6,7 @@
 #include <custody/platform/cuda.hpp>
 
 #include "../support/catch.hpp"
+#include "../support/cuda_presence.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -108,10 +109,6 @@ TEST_CASE("cuda: the live summary travels over a one-rank NCCL communicator", "[
 #endif
 
 int main(int argc, char** argv) {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-        std::puts("no CUDA device: skipped");
-        return 77;
-    }
+    if (const int status = custody_test::cuda_gate("test_debug_cuda"); status >= 0) return status;
     return Catch::Session().run(argc, argv);
 }

@@ -7,6 +7,7 @@
 
 #define CATCH_CONFIG_RUNNER
 #include "../support/catch.hpp"
+#include "../support/cuda_presence.hpp"
 
 #include <cstdio>
 #include <stdexcept>
@@ -53,9 +54,8 @@ TEST_CASE("a one-rank communicator binds its device and checks it", "[interop][n
 int main(int argc, char** argv) {
     Catch::Session session;
     if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
-    if (custody::cuda::device_count() == 0) {
-        std::puts("no CUDA device: skipped (the static_asserts hold)");
-        return 77;
+    if (const int status = custody_test::cuda_gate("test_interop_nccl (the static_asserts hold)"); status >= 0) {
+        return status;
     }
     return session.run();
 }
