@@ -193,11 +193,41 @@ TEST_CASE("distinct devices, or one device index on different hosts, bind", "[in
     }
 }
 
-TEST_CASE("a local rank beyond the visible devices is a rank_error", "[interop][rank]") {
+TEST_CASE("more local ranks than visible devices: each process uses local rank mod visible", "[interop][rank]") {
+    using custody::interop::choose_device;
+    // Each process sees its own pair of GPUs (CUDA_VISIBLE_DEVICES=2k,2k+1): local ranks 0..3 of a
+    // host with 8 GPUs see 2 each, and use device (local rank mod 2) of their pair.
+    CHECK(choose_device(rank(2, 2, 4), 2) == 0);
+    CHECK(choose_device(rank(3, 3, 4), 2) == 1);
+    // One GPU per process: device 0; all GPUs visible: the local rank.
+    CHECK(choose_device(rank(5, 5, 8), 1) == 0);
+    CHECK(choose_device(rank(5, 5, 8), 8) == 5);
+    CHECK_THROWS_WITH(choose_device(rank(1, 1, 2), 0), custody_test::contains("no device is visible"));
+
+    // On the host platform every process sees the same devices: one local rank too many wraps
+    // onto device 0, and the identity check names the two ranks that share it.
     const int count = host_platform::device_count();
-    thread_exchange exchange(count + 1);
-    CHECK_THROWS_WITH(bind_device<host_platform>(rank(count, count, count + 1), exchange),
-                      custody_test::contains("local rank " + std::to_string(count)) && custody_test::contains("has no device"));
+    std::vector<rank_info> ranks;
+    for (int r = 0; r <= count; ++r) ranks.push_back(rank(r, r, count + 1));
+    const auto results = bind_all(ranks, std::vector<std::string>(ranks.size(), "host-a"));
+    for (const auto& r : results) {
+        CHECK_FALSE(r.binding.has_value());
+        CHECK(r.first == 0);
+        CHECK(r.second == count);
+    }
+}
+
+TEST_CASE("local ranks from gathered host names, whatever the device ordinals", "[interop][rank]") {
+    using custody::place_on_host;
+    const std::vector<std::string> hosts{"a", "b", "a", "b", "a"};
+    CHECK(place_on_host(hosts, 0).local_rank == 0);
+    CHECK(place_on_host(hosts, 2).local_rank == 1);
+    CHECK(place_on_host(hosts, 4).local_rank == 2);
+    CHECK(place_on_host(hosts, 4).local_world_size == 3);
+    CHECK(place_on_host(hosts, 3).local_rank == 1);
+    CHECK(place_on_host(hosts, 3).local_world_size == 2);
+    CHECK_THROWS_AS(place_on_host(hosts, 5), rank_error);
+    CHECK_THROWS_AS(place_on_host(hosts, -1), rank_error);
 }
 
 TEST_CASE("the claims must cover every rank once", "[interop][rank]") {

@@ -4,13 +4,14 @@
 /// WORLD_SIZE), Open MPI (OMPI_COMM_WORLD_*) and Slurm (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS),
 /// or given by the caller. One type for every layer: the tracking resource's reports and the
 /// device binding of interop/ read the same rank. (From an NCCL communicator:
-/// debug/nccl_rank.hpp.) No CUDA: compiles with a plain C++20 compiler.
+/// interop/nccl/rank.hpp.) No CUDA: compiles with a plain C++20 compiler.
 #pragma once
 
 #include <custody/core/error.hpp>
 
 #include <array>
 #include <charconv>
+#include <cstddef>
 #include <cstdlib>
 #include <functional>
 #include <optional>
@@ -18,6 +19,7 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 namespace custody {
 
@@ -204,6 +206,31 @@ inline std::string complete_set_after(const launcher_variables* bad, const envir
 
 /// detect_rank over this process's environment.
 [[nodiscard]] inline rank_info detect_rank() { return detect_rank(&detail::getenv_lookup); }
+
+/// Where one rank stands among the ranks of its host.
+struct host_placement {
+    int local_rank = 0;       ///< the ranks of one host numbered 0, 1, ... in rank order
+    int local_world_size = 0; ///< how many ranks run on that host
+};
+
+/// The placement of `rank` when rank r runs on host `hosts[r]`: its local rank is the number of
+/// lower ranks on its host. What every rank computes alike from the same gathered host names,
+/// whatever device ordinals CUDA_VISIBLE_DEVICES gave the processes. Throws rank_error when `rank`
+/// is not an index of `hosts`. Complexity: O(hosts).
+[[nodiscard]] inline host_placement place_on_host(const std::vector<std::string>& hosts, int rank) {
+    if (rank < 0 || static_cast<std::size_t>(rank) >= hosts.size()) {
+        throw rank_error("custody: rank " + std::to_string(rank) + " is not among the " +
+                         std::to_string(hosts.size()) + " ranks whose hosts were gathered");
+    }
+    const std::string& mine = hosts[static_cast<std::size_t>(rank)];
+    host_placement placement;
+    for (std::size_t r = 0; r < hosts.size(); ++r) {
+        if (hosts[r] != mine) continue;
+        if (r < static_cast<std::size_t>(rank)) ++placement.local_rank;
+        ++placement.local_world_size;
+    }
+    return placement;
+}
 
 /// A rank given by the caller, checked (see validate): throws rank_error unless
 /// 0 <= rank < world_size and 0 <= local_rank < world_size.
