@@ -37,12 +37,8 @@ using custody::resource::nccl_memory;
 static_assert(std::is_move_constructible_v<nccl::communicator> && std::is_move_assignable_v<nccl::communicator>);
 static_assert(!std::is_copy_constructible_v<nccl::communicator> && !std::is_copy_assignable_v<nccl::communicator>);
 static_assert(custody::try_allocatable_resource<nccl_memory>); // usable as a pool's upstream
-#if CCCL_MAJOR_VERSION > 3 || (CCCL_MAJOR_VERSION == 3 && CCCL_MINOR_VERSION >= 1)
-static_assert(::cuda::mr::resource_with<custody::interop::cccl_resource<nccl_memory>, ::cuda::mr::device_accessible>);
-#else
-static_assert(
-    ::cuda::mr::async_resource_with<custody::interop::cccl_resource<nccl_memory>, ::cuda::mr::device_accessible>);
-#endif
+static_assert(custody::interop::cccl_stream_ordered_with<custody::interop::cccl_resource<nccl_memory>,
+                                                         ::cuda::mr::device_accessible>);
 
 namespace {
 
