@@ -3,6 +3,7 @@
 #include <custody/interop/device_lock.hpp>
 
 #include "../support/catch.hpp"
+#include "../support/rank_process.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -22,19 +23,7 @@ using custody::interop::duplicate_device_error;
 
 namespace {
 
-/// A temporary directory, removed with its contents.
-struct temp_dir {
-    std::filesystem::path path;
-    temp_dir() {
-        std::string templ = (std::filesystem::temp_directory_path() / "custody-lock-test-XXXXXX").string();
-        REQUIRE(::mkdtemp(templ.data()) != nullptr);
-        path = templ;
-    }
-    ~temp_dir() {
-        std::error_code ignored;
-        std::filesystem::remove_all(path, ignored);
-    }
-};
+using custody_test::temp_dir;
 
 /// A worker process: its pid, the write end of its standard input, and its standard output.
 struct worker {

@@ -5,9 +5,10 @@
 // exits 3; on any other error, 4.
 #include <custody/interop/device_lock.hpp>
 
+#include "../support/rank_process.hpp"
+
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 #include <string>
 
 int main(int argc, char** argv) {
@@ -15,7 +16,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "usage: %s DIR DEVICE_ID RANK\n", argv[0]);
         return 2;
     }
-    try {
+    return custody_test::run_rank_worker([&] {
         custody::interop::device_lock_options options;
         options.directory = argv[1];
         options.host = "host-a";
@@ -25,11 +26,5 @@ int main(int argc, char** argv) {
         for (int c = std::getchar(); c != EOF; c = std::getchar()) {
         }
         return 0;
-    } catch (const custody::interop::duplicate_device_error& e) {
-        std::printf("%s\n", e.what());
-        return 3;
-    } catch (const std::exception& e) {
-        std::printf("%s\n", e.what());
-        return 4;
-    }
+    });
 }

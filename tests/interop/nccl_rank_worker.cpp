@@ -6,10 +6,11 @@
 #include <custody/interop/nccl/communicator.hpp>
 #include <custody/interop/nccl/rank.hpp>
 
+#include "../support/rank_process.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <string>
 
 int main(int argc, char** argv) {
@@ -22,18 +23,12 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < sizeof id; ++i) {
         bytes[i] = static_cast<unsigned char>(std::stoi(std::string(argv[1] + 2 * i, 2), nullptr, 16));
     }
-    try {
+    return custody_test::run_rank_worker([&] {
         const int device = std::atoi(argv[4]);
         custody::interop::nccl::communicator comm(id, std::atoi(argv[2]), std::atoi(argv[3]), device);
         custody::cuda::stream stream(device);
         const custody::rank_info me = custody::interop::nccl::rank_from_communicator(comm.get(), stream.view().get());
         std::printf("rank %d local %d of %d\n", me.rank, me.local_rank, me.local_world_size);
         return 0;
-    } catch (const custody::interop::duplicate_device_error& e) {
-        std::printf("%s\n", e.what());
-        return 3;
-    } catch (const std::exception& e) {
-        std::printf("%s\n", e.what());
-        return 4;
-    }
+    });
 }

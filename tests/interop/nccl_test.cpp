@@ -14,6 +14,7 @@
 #define CATCH_CONFIG_RUNNER
 #include "../support/catch.hpp"
 #include "../support/cuda_presence.hpp"
+#include "../support/rank_process.hpp"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -105,18 +106,15 @@ std::string unique_id_hex() {
 
 /// A fresh lock directory for the workers (CUSTODY_RUNTIME_DIR, inherited by fork), removed after.
 struct lock_dir {
-    std::filesystem::path path;
+    custody_test::temp_dir dir{"custody-nccl-test"};
+    const std::filesystem::path& path = dir.path;
     lock_dir() {
-        std::string templ = (std::filesystem::temp_directory_path() / "custody-nccl-test-XXXXXX").string();
-        REQUIRE(::mkdtemp(templ.data()) != nullptr);
-        path = templ;
-        ::setenv("CUSTODY_RUNTIME_DIR", templ.c_str(), 1);
+        REQUIRE_FALSE(path.empty());
+        ::setenv("CUSTODY_RUNTIME_DIR", path.c_str(), 1);
     }
-    ~lock_dir() {
-        ::unsetenv("CUSTODY_RUNTIME_DIR");
-        std::error_code ignored;
-        std::filesystem::remove_all(path, ignored);
-    }
+    lock_dir(const lock_dir&) = delete;
+    lock_dir& operator=(const lock_dir&) = delete;
+    ~lock_dir() { ::unsetenv("CUSTODY_RUNTIME_DIR"); }
 };
 
 } // namespace
