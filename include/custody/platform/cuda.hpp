@@ -4,9 +4,14 @@
 ///
 /// Thread safety: every function is thread-safe as the CUDA runtime is; an event, like a
 /// cudaEvent_t, must not be recorded by one thread while another uses it.
+///
+/// Capture: the runtime's stream capture (cudaStreamBeginCapture/EndCapture, cudaGraphLaunch) with
+/// the vocabulary of platform/capture.hpp; what capture forbids fails as cuda_error with the
+/// runtime's error name (cudaErrorStreamCaptureUnsupported, cudaErrorCapturedEvent, ...).
 #pragma once
 
 #include <custody/core/error.hpp>
+#include <custody/platform/capture.hpp>
 #include <custody/platform/platform.hpp>
 
 #include <cuda_runtime_api.h>
@@ -14,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <source_location>
 #include <string_view>
 #include <utility>
 
@@ -120,11 +126,56 @@ private:
     int device_ = -1;
 };
 
+/// An executable CUDA graph made by platform::end_capture: the captured cudaGraph_t and its
+/// instantiation (cudaGraphExec_t), destroyed together on the device that captured them. Move-only;
+/// a moved-from or default graph is empty. Launches of one graph are ordered one after another by
+/// the runtime.
+class graph {
+public:
+    graph() noexcept = default;
+    /// Takes ownership of `captured` (made on `device`) and instantiates it. Throws cuda_error (and
+    /// destroys `captured`) if it cannot be instantiated.
+    graph(cudaGraph_t captured, int device);
+    graph(graph&& other) noexcept
+        : graph_(std::exchange(other.graph_, nullptr)), exec_(std::exchange(other.exec_, nullptr)),
+          device_(other.device_) {}
+    graph& operator=(graph&& other) noexcept {
+        if (this != &other) {
+            reset();
+            graph_ = std::exchange(other.graph_, nullptr);
+            exec_ = std::exchange(other.exec_, nullptr);
+            device_ = other.device_;
+        }
+        return *this;
+    }
+    graph(const graph&) = delete;
+    graph& operator=(const graph&) = delete;
+    ~graph() { reset(); }
+
+    /// The number of nodes the capture recorded (cudaGraphGetNodes).
+    [[nodiscard]] std::size_t node_count() const {
+        std::size_t n = 0;
+        if (graph_ != nullptr) CUSTODY_CUDA_TRY(cudaGraphGetNodes(graph_, nullptr, &n));
+        return n;
+    }
+    [[nodiscard]] cudaGraph_t get() const noexcept { return graph_; }
+    [[nodiscard]] cudaGraphExec_t exec() const noexcept { return exec_; }
+    [[nodiscard]] int device() const noexcept { return device_; }
+    [[nodiscard]] explicit operator bool() const noexcept { return exec_ != nullptr; }
+
+private:
+    void reset() noexcept;
+    cudaGraph_t graph_ = nullptr;
+    cudaGraphExec_t exec_ = nullptr;
+    int device_ = -1;
+};
+
 /// The cuda platform's operations (see platform/platform.hpp).
 struct platform {
     using stream_view = cuda::stream_view;
     using stream = cuda::stream;
     using event = cuda::event;
+    using graph = cuda::graph;
     static constexpr std::string_view name = "cuda";
 
     [[nodiscard]] static int device_count() noexcept { return cuda::device_count(); }
@@ -144,11 +195,8 @@ struct platform {
     static void synchronize(stream_view s) { CUSTODY_CUDA_TRY(cudaStreamSynchronize(s.get())); }
     static void synchronize_device(int device);
     static void wait(stream_view s, const event& e) { CUSTODY_CUDA_TRY(cudaStreamWaitEvent(s.get(), e.get(), 0)); }
-    [[nodiscard]] static bool is_capturing(stream_view s) {
-        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-        CUSTODY_CUDA_TRY(cudaStreamIsCapturing(s.get(), &status));
-        return status != cudaStreamCaptureStatusNone;
-    }
+    /// A driver call (cudaStreamGetCaptureInfo): for the paths where correctness needs it.
+    [[nodiscard]] static bool is_capturing(stream_view s) { return query_capture(s).capturing(); }
     static void memcpy_async(void* dst, const void* src, std::size_t bytes, stream_view s) {
         if (bytes == 0) return;
         CUSTODY_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s.get()));
@@ -157,12 +205,83 @@ struct platform {
         if (bytes == 0) return;
         CUSTODY_CUDA_TRY(cudaMemsetAsync(dst, value, bytes, s.get()));
     }
+
+    // ---- capture ----
+
+    static void begin_capture(stream_view s, capture_mode mode) {
+        CUSTODY_CUDA_TRY(cudaStreamBeginCapture(s.get(), to_cuda(mode)));
+    }
+    /// Ends the capture begun on `s` (cudaStreamEndCapture) and instantiates the graph on s's device.
+    static graph end_capture(stream_view s) {
+        cudaGraph_t captured = nullptr;
+        const cudaError_t status = cudaStreamEndCapture(s.get(), &captured);
+        if (status != cudaSuccess) {
+            if (captured != nullptr) static_cast<void>(cudaGraphDestroy(captured));
+            static_cast<void>(cudaGetLastError());
+            custody::detail::throw_cuda_error(static_cast<int>(status), cudaGetErrorName(status),
+                                              "cudaStreamEndCapture", std::source_location::current());
+        }
+        int device = -1;
+        try {
+            device = stream_device(s);
+        } catch (...) {
+            static_cast<void>(cudaGraphDestroy(captured));
+            throw;
+        }
+        return graph(captured, device);
+    }
+    static void launch(const graph& g, stream_view s) { CUSTODY_CUDA_TRY(cudaGraphLaunch(g.exec(), s.get())); }
+    /// s's capture state (cudaStreamGetCaptureInfo: a driver call). The legacy default stream while
+    /// a blocking stream of its device captures answers cudaErrorStreamCaptureImplicit: that is
+    /// `active` with id 0 (it is part of the capture implicitly; work on it would break the capture).
+    [[nodiscard]] static capture_info query_capture(stream_view s) {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        unsigned long long id = 0;
+        const cudaError_t result = cudaStreamGetCaptureInfo(s.get(), &status, &id);
+        if (result == cudaErrorStreamCaptureImplicit) {
+            static_cast<void>(cudaGetLastError());
+            return {capture_status::active, 0};
+        }
+        CUSTODY_CUDA_TRY(result);
+        switch (status) {
+        case cudaStreamCaptureStatusActive: return {capture_status::active, id};
+        case cudaStreamCaptureStatusInvalidated: return {capture_status::invalidated, id};
+        default: return {};
+        }
+    }
+    static capture_mode exchange_capture_mode(capture_mode mode) {
+        cudaStreamCaptureMode m = to_cuda(mode);
+        CUSTODY_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&m));
+        return from_cuda(m);
+    }
+    static void exchange_capture_mode_noexcept(capture_mode mode) noexcept {
+        cudaStreamCaptureMode m = to_cuda(mode);
+        CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaThreadExchangeStreamCaptureMode(&m));
+    }
+
+    [[nodiscard]] static constexpr cudaStreamCaptureMode to_cuda(capture_mode mode) noexcept {
+        switch (mode) {
+        case capture_mode::global: return cudaStreamCaptureModeGlobal;
+        case capture_mode::per_thread: return cudaStreamCaptureModeThreadLocal;
+        case capture_mode::relaxed: return cudaStreamCaptureModeRelaxed;
+        }
+        return cudaStreamCaptureModeGlobal;
+    }
+    [[nodiscard]] static constexpr capture_mode from_cuda(cudaStreamCaptureMode mode) noexcept {
+        switch (mode) {
+        case cudaStreamCaptureModeThreadLocal: return capture_mode::per_thread;
+        case cudaStreamCaptureModeRelaxed: return capture_mode::relaxed;
+        default: return capture_mode::global;
+        }
+    }
 };
 
 static_assert(custody::platform<platform>);
 
 /// Sets and restores the calling thread's current CUDA device.
 using device_guard = basic_device_guard<platform>;
+/// Sets and restores the calling thread's stream capture mode (cudaThreadExchangeStreamCaptureMode).
+using capture_mode_guard = basic_capture_mode_guard<platform>;
 
 inline void platform::synchronize_device(int device) {
     device_guard guard(device);
@@ -191,6 +310,32 @@ inline void event::reset() noexcept {
     device_guard guard(device_, std::nothrow);
     CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaEventDestroy(handle_));
     handle_ = nullptr;
+}
+
+inline graph::graph(cudaGraph_t captured, int device) : graph_(captured), device_(device) {
+    cudaError_t status = cudaSuccess;
+    try {
+        device_guard guard(device);
+        status = cudaGraphInstantiate(&exec_, graph_, 0);
+    } catch (...) {
+        static_cast<void>(cudaGraphDestroy(graph_));
+        throw;
+    }
+    if (status != cudaSuccess) {
+        static_cast<void>(cudaGraphDestroy(graph_));
+        static_cast<void>(cudaGetLastError());
+        custody::detail::throw_cuda_error(static_cast<int>(status), cudaGetErrorName(status), "cudaGraphInstantiate",
+                                          std::source_location::current());
+    }
+}
+
+inline void graph::reset() noexcept {
+    if (graph_ == nullptr && exec_ == nullptr) return;
+    device_guard guard(device_, std::nothrow);
+    if (exec_ != nullptr) CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaGraphExecDestroy(exec_));
+    if (graph_ != nullptr) CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaGraphDestroy(graph_));
+    graph_ = nullptr;
+    exec_ = nullptr;
 }
 
 } // namespace custody::cuda

@@ -10,8 +10,18 @@
 ///
 /// Streams: work enqueued on a stream runs on its worker thread in order. The default stream
 /// (a value-initialized stream_view) runs work at once in the calling thread.
+///
+/// Capture: a stream in capture (platform::begin_capture) records the work enqueued on it into a
+/// graph instead of running it, under CUDA's rules (platform/capture.hpp): synchronizing a
+/// capturing stream, querying an event recorded in a capture, waiting from a capturing stream on an
+/// event recorded outside it, and potentially unsafe calls (event queries and synchronizations,
+/// allocations from virtual device memory: platform::check_unsafe_call) prohibited by the capture
+/// modes throw capture_violation and invalidate the capture as CUDA does. The default stream cannot
+/// capture and is never part of a capture (host streams do not synchronize with it implicitly).
 #pragma once
 
+#include <custody/platform/capture.hpp>
+#include <custody/platform/detail/host_capture.hpp>
 #include <custody/platform/platform.hpp>
 
 #include <gsl/assert>
@@ -47,10 +57,11 @@ inline std::atomic<int>& device_count_slot() noexcept {
     return count;
 }
 
-/// One stream's queue and worker thread.
+/// One stream's queue and worker thread, and the capture it records into, if any.
 ///
 /// Invariants: completed_ <= enqueued_; task k (1-based, in enqueue order) has finished iff
-/// completed_ >= k. Both only grow.
+/// completed_ >= k. Both only grow. capturing_ == (capture_ != nullptr); while capturing, enqueued
+/// work goes into capture_ and enqueued_ does not move.
 class stream_state : public std::enable_shared_from_this<stream_state> {
 public:
     explicit stream_state(int device) : device_(device) {}
@@ -62,14 +73,16 @@ public:
         worker_ = std::thread([this] { run(); });
     }
 
-    /// Appends `task`; returns its ticket.
-    std::uint64_t enqueue(std::function<void()> task) {
+    /// Appends `task` to the queue, or to the capture while capturing.
+    void enqueue(std::function<void()> task) {
         std::lock_guard lock(mutex_);
+        if (capture_ != nullptr) [[unlikely]] {
+            capture_->record(this, std::move(task));
+            return;
+        }
         queue_.push_back(std::move(task));
-        const std::uint64_t ticket = enqueued_.load(std::memory_order_relaxed) + 1;
-        enqueued_.store(ticket, std::memory_order_release);
+        enqueued_.store(enqueued_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
         work_cv_.notify_one();
-        return ticket;
     }
 
     /// The ticket of the last task enqueued so far (0 if none).
@@ -88,18 +101,78 @@ public:
 
     [[nodiscard]] int device() const noexcept { return device_; }
 
-    /// Lets every enqueued task finish, then joins the worker. Idempotent.
+    /// The capture this stream records into (nullptr when it is not capturing). One atomic load when
+    /// it is not.
+    [[nodiscard]] std::shared_ptr<capture_sequence> capture() const {
+        if (!capturing_.load(std::memory_order_acquire)) [[likely]] return nullptr;
+        std::lock_guard lock(mutex_);
+        return capture_;
+    }
+
+    /// Starts recording into `c`; throws capture_violation(illegal_state) if already capturing.
+    void begin_capture(const std::shared_ptr<capture_sequence>& c) {
+        std::lock_guard lock(mutex_);
+        if (capture_ != nullptr) {
+            throw capture_violation(capture_violation::reason::illegal_state, "begin_capture",
+                                    "the stream is already capturing");
+        }
+        set_capture(c);
+    }
+
+    /// Joins the capture `c` at point `f` (waiting on an event recorded in it). Throws
+    /// capture_violation(merge) when the stream captures into another capture.
+    void join_capture(const std::shared_ptr<capture_sequence>& c, const capture_frontier& f) {
+        std::lock_guard lock(mutex_);
+        if (capture_ != nullptr && capture_ != c) {
+            capture_->invalidate("a wait would merge two captures");
+            c->invalidate("a wait would merge two captures");
+            throw capture_violation(capture_violation::reason::merge, "wait");
+        }
+        c->join(this, f);
+        set_capture(c);
+    }
+
+    /// Stops recording into `c` (no effect if the stream records into another capture or none).
+    void leave_capture(const capture_sequence* c) noexcept {
+        std::lock_guard lock(mutex_);
+        if (capture_.get() == c) set_capture(nullptr);
+    }
+
+    /// Lets every enqueued task finish, then joins the worker; a capture begun on this stream ends
+    /// without a graph. Idempotent.
     void shutdown() noexcept {
+        std::shared_ptr<capture_sequence> capture;
         {
             std::lock_guard lock(mutex_);
             if (stopping_) return;
             stopping_ = true;
+            capture = std::move(capture_);
+            capturing_.store(false, std::memory_order_release);
             work_cv_.notify_one();
         }
+        if (capture != nullptr) abandon(*capture);
         if (worker_.joinable()) worker_.join();
     }
 
 private:
+    void set_capture(std::shared_ptr<capture_sequence> c) noexcept {
+        capture_ = std::move(c);
+        capturing_.store(capture_ != nullptr, std::memory_order_release);
+    }
+
+    /// A capture this stream was part of when it was destroyed: invalidated; ended if it began here.
+    void abandon(capture_sequence& c) noexcept {
+        if (c.origin() != this) {
+            c.drop(this);
+            return;
+        }
+        c.abandon("the stream the capture began on was destroyed");
+        for (stream_state* member : c.members()) {
+            if (member != this) member->leave_capture(&c);
+        }
+        capture_registry::instance().close(&c);
+    }
+
     void run() {
         current_device_slot() = device_;
         for (;;) {
@@ -120,12 +193,14 @@ private:
     }
 
     int device_;
-    std::mutex mutex_;
+    mutable std::mutex mutex_;
     std::condition_variable work_cv_;
     std::condition_variable done_cv_;
     std::deque<std::function<void()>> queue_;
     std::atomic<std::uint64_t> enqueued_{0};
     std::atomic<std::uint64_t> completed_{0};
+    std::shared_ptr<capture_sequence> capture_; // guarded by mutex_
+    std::atomic<bool> capturing_{false};
     bool stopping_ = false;
     std::thread worker_;
 };
@@ -236,7 +311,9 @@ private:
 };
 
 /// A completion marker. Move-only. Recording captures the work enqueued on a stream so far; the
-/// event is ready once that work has finished. Never recorded, it is ready.
+/// event is ready once that work has finished. Never recorded, it is ready. Recorded on a capturing
+/// stream, it marks a point of the capture instead: querying or synchronizing it is then a
+/// capture_violation (captured_event) until it is recorded outside a capture again.
 /// Thread safety: as a CUDA event, one thread records it while others may query it only through
 /// external synchronization.
 class event {
@@ -249,6 +326,15 @@ public:
     ~event() = default;
 
     void record(stream_view s) {
+        if (!s.is_default()) {
+            if (auto capture = s.state()->capture()) [[unlikely]] {
+                captured_ = std::make_shared<const captured_point>(captured_point{capture, capture->frontier(s.state())});
+                state_.reset();
+                ticket_ = 0;
+                return;
+            }
+        }
+        captured_.reset();
         if (s.is_default()) {
             state_.reset();
             ticket_ = 0;
@@ -259,17 +345,70 @@ public:
             ticket_ = state_->mark();
         }
     }
-    [[nodiscard]] bool ready() const noexcept { return !state_ || state_->reached(ticket_); }
+    /// The recorded work has finished. A potentially unsafe call (see custody::capture_mode).
+    [[nodiscard]] bool ready() const {
+        check_queryable("event query");
+        return !state_ || state_->reached(ticket_);
+    }
+    /// Blocks until the recorded work has finished. A potentially unsafe call.
     void synchronize() const {
+        check_queryable("event synchronize");
         if (state_) state_->wait_for(ticket_);
     }
     [[nodiscard]] int device() const noexcept { return device_; }
 
 private:
     friend struct platform;
+    /// Where an event recorded in a capture stands: its capture and the point it marks.
+    struct captured_point {
+        std::shared_ptr<detail::capture_sequence> capture;
+        detail::capture_frontier frontier;
+    };
+
+    void check_queryable(std::string_view call) const {
+        if (captured_ != nullptr) [[unlikely]] {
+            throw capture_violation(capture_violation::reason::captured_event, call,
+                                    "the event was last recorded in a capture");
+        }
+        detail::capture_registry::instance().check_unsafe(call);
+    }
+
     std::shared_ptr<detail::stream_state> state_;
     std::uint64_t ticket_ = 0;
+    std::shared_ptr<const captured_point> captured_; // non-null: last recorded in a capture
     int device_;
+};
+
+/// An executable graph made by platform::end_capture: the work a capture recorded, replayed in
+/// full by each platform::launch. Move-only; a moved-from or default graph is empty. Launches of
+/// one graph are ordered one after another (as cudaGraphLaunch orders launches of one
+/// cudaGraphExec_t), whatever stream each is on. The graph keeps its work (and what that work
+/// holds) alive while a launch of it may still run.
+class graph {
+public:
+    graph() noexcept = default;
+    graph(graph&&) noexcept = default;
+    graph& operator=(graph&&) noexcept = default;
+    graph(const graph&) = delete;
+    graph& operator=(const graph&) = delete;
+    ~graph() = default;
+
+    /// The number of nodes (pieces of work) the capture recorded.
+    [[nodiscard]] std::size_t node_count() const noexcept { return body_ ? body_->tasks.size() : 0; }
+    [[nodiscard]] explicit operator bool() const noexcept { return body_ != nullptr; }
+
+private:
+    friend struct platform;
+    struct body {
+        std::vector<std::function<void()>> tasks; // in an order that respects every dependency
+        std::mutex mutex;                         // guards the last launch's mark
+        std::shared_ptr<detail::stream_state> last_stream;
+        std::uint64_t last_ticket = 0;
+    };
+    explicit graph(std::vector<std::function<void()>> tasks) : body_(std::make_shared<body>()) {
+        body_->tasks = std::move(tasks);
+    }
+    std::shared_ptr<body> body_;
 };
 
 /// The host platform's operations (see platform/platform.hpp).
@@ -277,6 +416,7 @@ struct platform {
     using stream_view = host::stream_view;
     using stream = host::stream;
     using event = host::event;
+    using graph = host::graph;
     static constexpr std::string_view name = "host";
 
     [[nodiscard]] static int device_count() noexcept { return detail::device_count_slot().load(); }
@@ -295,13 +435,56 @@ struct platform {
     [[nodiscard]] static int stream_device(stream_view s) noexcept {
         return s.is_default() ? current_device() : s.state()->device();
     }
+    /// Synchronizing a capturing stream invalidates its capture and throws capture_violation;
+    /// otherwise a potentially unsafe call.
     static void synchronize(stream_view s) {
+        if (!s.is_default()) {
+            if (auto capture = s.state()->capture()) [[unlikely]] {
+                capture->invalidate("a capturing stream was synchronized");
+                throw capture_violation(capture_violation::reason::unsupported, "stream synchronize",
+                                        "the stream is capturing");
+            }
+        }
+        detail::capture_registry::instance().check_unsafe("stream synchronize");
         if (!s.is_default()) s.state()->wait_for(s.state()->mark());
     }
+    /// As synchronize() for every stream of the device: a capture on any of them is an error.
     static void synchronize_device(int device) {
-        for (const auto& s : detail::stream_registry::instance().of_device(device)) s->wait_for(s->mark());
+        const auto streams = detail::stream_registry::instance().of_device(device);
+        bool capturing = false;
+        for (const auto& s : streams) {
+            if (auto capture = s->capture()) {
+                capture->invalidate("the device of a capturing stream was synchronized");
+                capturing = true;
+            }
+        }
+        if (capturing) {
+            throw capture_violation(capture_violation::reason::unsupported, "device synchronize",
+                                    "a stream of the device is capturing");
+        }
+        detail::capture_registry::instance().check_unsafe("device synchronize");
+        for (const auto& s : streams) s->wait_for(s->mark());
     }
+    /// Work enqueued on s after this call waits for e. An event recorded in a capture makes s join
+    /// that capture (a fork) or, when s is part of it, a dependency; an event recorded outside a
+    /// capture cannot be waited on by a capturing stream (capture_violation, isolation).
     static void wait(stream_view s, const event& e) {
+        if (e.captured_ != nullptr) [[unlikely]] {
+            if (s.is_default()) {
+                throw capture_violation(capture_violation::reason::isolation, "wait",
+                                        "the default stream cannot take part in a capture");
+            }
+            s.state()->join_capture(e.captured_->capture, e.captured_->frontier);
+            return;
+        }
+        if (!s.is_default()) {
+            if (auto capture = s.state()->capture()) [[unlikely]] {
+                if (!e.state_) return; // never recorded: nothing to wait for
+                capture->invalidate("a capturing stream waited on an event recorded outside the capture");
+                throw capture_violation(capture_violation::reason::isolation, "wait",
+                                        "the event was recorded outside the capture");
+            }
+        }
         if (!e.state_ || e.state_->reached(e.ticket_)) return;
         if (s.is_default()) {
             e.synchronize();
@@ -310,7 +493,7 @@ struct platform {
         if (e.state_.get() == s.state()) return; // in-order: already ordered
         s.state()->enqueue([state = e.state_, ticket = e.ticket_] { state->wait_for(ticket); });
     }
-    [[nodiscard]] static bool is_capturing(stream_view) noexcept { return false; }
+    [[nodiscard]] static bool is_capturing(stream_view s) { return query_capture(s).capturing(); }
     static void memcpy_async(void* dst, const void* src, std::size_t bytes, stream_view s) {
         if (bytes == 0) return;
         s.enqueue([=] { std::memcpy(dst, src, bytes); });
@@ -319,11 +502,114 @@ struct platform {
         if (bytes == 0) return;
         s.enqueue([=] { std::memset(dst, value, bytes); });
     }
+
+    // ---- capture ----
+
+    /// Starts capturing `s` in `mode`: work enqueued on s is recorded, not run, until end_capture.
+    /// Throws capture_violation: unsupported for the default stream, illegal_state when s is
+    /// already capturing.
+    static void begin_capture(stream_view s, capture_mode mode) {
+        if (s.is_default()) {
+            throw capture_violation(capture_violation::reason::unsupported, "begin_capture",
+                                    "the default stream cannot be captured");
+        }
+        auto& registry = detail::capture_registry::instance();
+        auto capture = std::make_shared<detail::capture_sequence>(registry.next_id(), mode, s.state(),
+                                                                  std::this_thread::get_id());
+        s.state()->begin_capture(capture);
+        try {
+            registry.open(capture);
+        } catch (...) {
+            s.state()->leave_capture(capture.get());
+            throw;
+        }
+    }
+
+    /// Ends the capture begun on `s` and returns its graph; every stream forked into it stops
+    /// capturing. Throws capture_violation: illegal_state when s is not capturing, unmatched when
+    /// the capture began on another stream, wrong_thread when another thread began a capture that
+    /// is not relaxed (the capture stays open), invalidated and unjoined (the capture has ended).
+    static graph end_capture(stream_view s) {
+        auto capture = s.is_default() ? nullptr : s.state()->capture();
+        if (capture == nullptr) {
+            throw capture_violation(capture_violation::reason::illegal_state, "end_capture", "the stream is not capturing");
+        }
+        if (capture->origin() != s.state()) {
+            throw capture_violation(capture_violation::reason::unmatched, "end_capture",
+                                    "the capture was begun on another stream");
+        }
+        if (capture->mode() != capture_mode::relaxed && capture->thread() != std::this_thread::get_id()) {
+            throw capture_violation(capture_violation::reason::wrong_thread, "end_capture");
+        }
+        const auto finish_streams = [&]() noexcept {
+            for (detail::stream_state* member : capture->members()) member->leave_capture(capture.get());
+            detail::capture_registry::instance().close(capture.get());
+        };
+        std::vector<std::function<void()>> tasks;
+        try {
+            tasks = capture->finish();
+        } catch (...) {
+            finish_streams();
+            throw;
+        }
+        finish_streams();
+        return graph(std::move(tasks));
+    }
+
+    /// Enqueues one replay of `g` on `s`, after the previous launch of g wherever it ran. Launched
+    /// on a capturing stream, the replay becomes one node of that capture.
+    static void launch(const graph& g, stream_view s) {
+        Expects(g.body_ != nullptr);
+        auto run = [body = g.body_] {
+            for (const auto& task : body->tasks) task();
+        };
+        if (s.is_default()) {
+            std::unique_lock lock(g.body_->mutex);
+            if (g.body_->last_stream) g.body_->last_stream->wait_for(g.body_->last_ticket);
+            g.body_->last_stream.reset();
+            lock.unlock();
+            run();
+            return;
+        }
+        if (s.state()->capture() != nullptr) {
+            s.enqueue(std::move(run));
+            return;
+        }
+        std::lock_guard lock(g.body_->mutex);
+        graph::body& b = *g.body_;
+        if (b.last_stream && b.last_stream.get() != s.state() && !b.last_stream->reached(b.last_ticket)) {
+            s.enqueue([state = b.last_stream, ticket = b.last_ticket] { state->wait_for(ticket); });
+        }
+        s.enqueue(std::move(run));
+        b.last_stream = s.state()->shared_from_this();
+        b.last_ticket = b.last_stream->mark();
+    }
+
+    /// `s`'s capture state. Never a potentially unsafe call; one atomic load when s is not capturing.
+    [[nodiscard]] static capture_info query_capture(stream_view s) {
+        if (s.is_default()) return {};
+        const auto capture = s.state()->capture();
+        if (capture == nullptr) return {};
+        return {capture->status(), capture->id()};
+    }
+
+    /// Sets the calling thread's capture mode; returns the previous one.
+    static capture_mode exchange_capture_mode(capture_mode mode) noexcept {
+        return std::exchange(detail::thread_capture_mode(), mode);
+    }
+    static void exchange_capture_mode_noexcept(capture_mode mode) noexcept { detail::thread_capture_mode() = mode; }
+
+    /// Models a runtime call that capture may prohibit (cudaMalloc, for virtual device memory):
+    /// throws capture_violation(unsupported), invalidating the captures that prohibit it, when the
+    /// calling thread's mode and the open captures prohibit potentially unsafe calls.
+    static void check_unsafe_call(std::string_view call) { detail::capture_registry::instance().check_unsafe(call); }
 };
 
 static_assert(custody::platform<platform>);
 
 /// Sets and restores the calling thread's current virtual device.
 using device_guard = basic_device_guard<platform>;
+/// Sets and restores the calling thread's capture mode.
+using capture_mode_guard = basic_capture_mode_guard<platform>;
 
 } // namespace custody::host

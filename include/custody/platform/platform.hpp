@@ -19,8 +19,17 @@
 ///   P::synchronize_device(d)  blocks until all work enqueued so far on every stream of device d
 ///                           (streams destroyed with work pending included) has finished
 ///   P::wait(s, e)           work enqueued on s after this call waits for e, without blocking the host
-///   P::is_capturing(s)      s is being captured into a graph (always false on the host platform)
 ///   P::memcpy_async(dst, src, n, s), P::memset_async(dst, v, n, s)
+///
+///   graph capture (platform/capture.hpp has the vocabulary and the rules):
+///   P::graph                owning, move-only executable graph; `.node_count()`
+///   P::begin_capture(s, m)  work enqueued on s is recorded into a graph, not run (capture_mode m)
+///   P::end_capture(s)       ends the capture begun on s and returns its graph (throws if invalidated)
+///   P::launch(g, s)         enqueues one replay of g on s
+///   P::query_capture(s)     s's capture_info (status, the capture's id) in one query
+///   P::is_capturing(s)      query_capture(s).capturing()
+///   P::exchange_capture_mode(m)  sets the calling thread's capture_mode, returns the previous one
+///   P::exchange_capture_mode_noexcept(m)   the same for destructors
 ///
 ///   event e(device)         created on `device`
 ///   e.record(s)             e completes when all work enqueued on s before this call has finished
@@ -30,18 +39,22 @@
 /// The `platform` concept below checks the shape; docs/platform.md explains the semantics.
 #pragma once
 
+#include <custody/platform/capture.hpp>
+
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <new>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 namespace custody {
 
 template <class P>
 concept platform = requires(typename P::stream_view s, typename P::event& e, const typename P::event& ce,
-                            int device, void* dst, const void* src, std::size_t bytes) {
+                            typename P::graph& g, capture_mode mode, int device, void* dst, const void* src,
+                            std::size_t bytes) {
     requires std::is_trivially_copyable_v<typename P::stream_view>;
     requires std::equality_comparable<typename P::stream_view>;
     requires std::movable<typename P::stream> && !std::copyable<typename P::stream>;
@@ -57,7 +70,15 @@ concept platform = requires(typename P::stream_view s, typename P::event& e, con
     P::synchronize(s);
     P::synchronize_device(device);
     P::wait(s, ce);
+    requires std::movable<typename P::graph> && !std::copyable<typename P::graph>;
+    { std::as_const(g).node_count() } -> std::same_as<std::size_t>;
+    P::begin_capture(s, mode);
+    { P::end_capture(s) } -> std::same_as<typename P::graph>;
+    P::launch(std::as_const(g), s);
+    { P::query_capture(s) } -> std::same_as<capture_info>;
     { P::is_capturing(s) } -> std::same_as<bool>;
+    { P::exchange_capture_mode(mode) } -> std::same_as<capture_mode>;
+    P::exchange_capture_mode_noexcept(mode);
     P::memcpy_async(dst, src, bytes, s);
     P::memset_async(dst, 0, bytes, s);
     e.record(s);

@@ -28,6 +28,7 @@ namespace custody::resource {
 /// Stream semantics: allocate returns memory usable at once by work on any stream; deallocate on a
 /// stream enqueues the free on that stream; its capacity comes back when the free has run, as with
 /// cudaFreeAsync.
+/// Capture: allocating is a potentially unsafe call, as cudaMalloc is (see custody::capture_mode).
 /// Thread safety: thread-safe (capacity kept with atomics). Maximum alignment: 4096.
 /// Equality: identity (each instance accounts its own capacity).
 class virtual_device_memory final : public detail::leaf<virtual_device_memory, host::platform> {
@@ -59,7 +60,10 @@ public:
     /// The device that was current inside the last call that allocated (for device-binding tests).
     [[nodiscard]] int device_seen_by_last_allocation() const noexcept { return seen_.load(); }
 
-    void* raw_allocate_sync(std::size_t bytes, std::size_t alignment) noexcept {
+    /// Like cudaMalloc, a potentially unsafe call while a graph capture is open: throws
+    /// capture_violation (and invalidates the capture) when the capture modes prohibit it.
+    void* raw_allocate_sync(std::size_t bytes, std::size_t alignment) {
+        host::platform::check_unsafe_call("virtual_device_memory allocation");
         host::device_guard guard(device());
         seen_.store(host::platform::current_device());
         std::size_t used = used_.load(std::memory_order_relaxed);
@@ -74,7 +78,7 @@ public:
         ::operator delete(ptr, std::align_val_t{alignment});
         used_.fetch_sub(bytes, std::memory_order_acq_rel);
     }
-    void* raw_allocate(stream_type, std::size_t bytes, std::size_t alignment) noexcept {
+    void* raw_allocate(stream_type, std::size_t bytes, std::size_t alignment) {
         return raw_allocate_sync(bytes, alignment);
     }
     void raw_deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
