@@ -5,6 +5,7 @@
 #include <custody/resource/cuda_malloc.hpp>
 #include <custody/resource/pinned_host.hpp>
 
+#include "../support/cuda_capture_ops.hpp"
 #include "../support/cuda_stream_gate.hpp"
 
 #include "../support/catch.hpp"
@@ -90,4 +91,79 @@ TEST_CASE("pinned_host keeps its alignment promise up to a page, whatever cudaHo
     for (const auto& [p, size] : blocks) memory.deallocate(s, p, size.first, size.second);
     CHECK(memory.statistics().live_bytes == 0);
     CHECK_THROWS_AS(memory.allocate_sync(64, 8192), std::invalid_argument);
+}
+
+// ---- graph capture: the rules the host platform mirrors (tests/support/capture_cases.hpp) ----
+
+TEST_CASE("cuda capture records work and replays it at each launch", "[cuda][platform][capture]") {
+    custody_test::case_capture_records_and_replays<platform>();
+}
+TEST_CASE("cuda capture: query_capture tells status and id", "[cuda][platform][capture]") {
+    custody_test::case_query_capture<platform>();
+}
+TEST_CASE("cuda capture: synchronizing a capturing stream invalidates the capture", "[cuda][platform][capture]") {
+    custody_test::case_synchronize_invalidates<platform>();
+}
+TEST_CASE("cuda capture: an event recorded in a capture cannot be queried", "[cuda][platform][capture]") {
+    custody_test::case_captured_event<platform>();
+}
+TEST_CASE("cuda capture: a capturing stream cannot wait on an outside event", "[cuda][platform][capture]") {
+    custody_test::case_isolation<platform>();
+}
+TEST_CASE("cuda capture: fork and join across streams", "[cuda][platform][capture]") {
+    custody_test::case_fork_and_join<platform>();
+}
+TEST_CASE("cuda capture: an unjoined fork fails the end", "[cuda][platform][capture]") {
+    custody_test::case_unjoined_fork<platform>();
+}
+TEST_CASE("cuda capture: ending where no capture began is refused", "[cuda][platform][capture]") {
+    custody_test::case_end_where_not_begun<platform>();
+}
+TEST_CASE("cuda capture: the modes decide who may make unsafe calls", "[cuda][platform][capture]") {
+    custody_test::case_capture_modes<platform>();
+}
+TEST_CASE("cuda capture: a capture not relaxed ends on its own thread", "[cuda][platform][capture]") {
+    custody_test::case_end_from_another_thread<platform>();
+}
+
+TEST_CASE("cuda capture: the legacy stream reports a blocking stream's capture as its own", "[cuda][platform][capture]") {
+    cudaStream_t blocking = nullptr;
+    CUSTODY_CUDA_TRY(cudaStreamCreate(&blocking)); // synchronizes with the legacy stream
+    void* p = nullptr;
+    CUSTODY_CUDA_TRY(cudaMalloc(&p, 256));
+    platform::begin_capture(blocking, custody::capture_mode::relaxed);
+    CUSTODY_CUDA_TRY(cudaMemsetAsync(p, 1, 256, blocking));
+    const custody::capture_info legacy = platform::query_capture(custody::cuda::stream_view{});
+    CHECK(legacy.status == custody::capture_status::active); // cudaErrorStreamCaptureImplicit
+    CHECK(legacy.id == 0);
+    CHECK(platform::is_capturing(custody::cuda::stream_view{}));
+    CHECK(cudaGetLastError() == cudaSuccess); // the implicit answer leaves no error behind
+    const custody::cuda::graph g = platform::end_capture(blocking);
+    CHECK(g.node_count() == 1);
+    CHECK_FALSE(platform::is_capturing(custody::cuda::stream_view{}));
+    CUSTODY_CUDA_TRY(cudaStreamDestroy(blocking));
+    CUSTODY_CUDA_TRY(cudaFree(p));
+}
+
+TEST_CASE("cuda capture: cudaMalloc is unsafe in a capture unless the thread is relaxed", "[cuda][platform][capture]") {
+    custody::cuda::stream s(0);
+    custody_test::capture_ops<platform>::memory m(256);
+    void* p = nullptr;
+    platform::begin_capture(s, custody::capture_mode::global);
+    platform::memset_async(m.device(), 1, m.size(), s);
+    CHECK(cudaMalloc(&p, 4096) == cudaErrorStreamCaptureUnsupported);
+    static_cast<void>(cudaGetLastError());
+    CHECK(platform::query_capture(s).status == custody::capture_status::invalidated);
+    CHECK_THROWS_AS(platform::end_capture(s), custody::cuda_error);
+
+    platform::begin_capture(s, custody::capture_mode::global);
+    platform::memset_async(m.device(), 1, m.size(), s);
+    {
+        custody::cuda::capture_mode_guard relaxed(custody::capture_mode::relaxed);
+        REQUIRE(cudaMalloc(&p, 4096) == cudaSuccess);
+    }
+    CHECK(platform::exchange_capture_mode(custody::capture_mode::global) == custody::capture_mode::global);
+    CHECK(platform::query_capture(s).status == custody::capture_status::active);
+    CHECK(platform::end_capture(s).node_count() == 1);
+    CUSTODY_CUDA_TRY(cudaFree(p));
 }
