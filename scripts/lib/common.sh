@@ -2,8 +2,10 @@
 # Sourced, not run.
 
 # Debian packages custody needs to build and test. The CUDA Toolkit and NCCL are optional: when
-# they are present (CUDA_PATH or /usr/local/cuda), the CUDA parts build too.
-custody_packages=(meson ninja-build g++ pkg-config python3 catch2 libmsgsl-dev libbenchmark-dev cmake)
+# they are present (CUDA_PATH or /usr/local/cuda), the CUDA parts build too. clang-16 and its
+# libFuzzer runtime build the fuzz target of the report reader (clang 14 lacks std::source_location).
+custody_packages=(meson ninja-build g++ pkg-config python3 catch2 libmsgsl-dev libbenchmark-dev cmake
+                  clang-16 libclang-rt-16-dev)
 
 custody_install_missing() {
   local missing=()
