@@ -265,7 +265,7 @@ public:
             fail(field + " = " + json::excerpt(r->text) +
                  (r->integral ? " is out of range" : " is not an integer (it has a fraction or an exponent)"));
         }
-        if (!v.is_integer()) fail(field + " is a " + v.type_name() + ", not an integer");
+        if (!v.is_integer()) fail(field + " is a JSON " + std::string(v.type_name()) + ", not an integer");
         const auto x = v.as_integer<T>();
         if (!x || *x < least || *x > most) {
             json::writer shown;

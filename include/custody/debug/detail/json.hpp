@@ -196,7 +196,8 @@ public:
 
     /// The JSON type name ("null", "boolean", "number", "string", "array", "object").
     [[nodiscard]] const char* type_name() const noexcept {
-        static constexpr const char* names[] = {"null", "boolean", "number", "number", "number", "string", "array", "object"};
+        static constexpr const char* names[] = {"null",   "boolean", "number", "number",
+                                                "number", "string",  "array",  "object"};
         return names[v_.index()];
     }
 
@@ -206,19 +207,24 @@ private:
     storage v_;
 };
 
+/// The end of the run of bytes from s[from] that a JSON string holds as they are: printable ASCII
+/// but '"' and '\\'.
+[[nodiscard]] constexpr std::size_t plain_run_end(std::string_view s, std::size_t from) noexcept {
+    while (from < s.size()) {
+        const auto b = static_cast<unsigned char>(s[from]);
+        if (b < 0x20 || b >= 0x80 || b == '"' || b == '\\') break;
+        ++from;
+    }
+    return from;
+}
+
 /// Appends the JSON string literal for `s` to `out`: quotes, escapes, and U+FFFD for each invalid
 /// UTF-8 sequence (see to_valid_utf8), so that the output is always valid JSON.
 inline void write_string(std::string& out, std::string_view s) {
     out += '"';
     std::size_t i = 0;
     while (i < s.size()) {
-        // Runs of bytes that need nothing go out in one piece.
-        std::size_t plain = i;
-        while (plain < s.size()) {
-            const auto b = static_cast<unsigned char>(s[plain]);
-            if (b < 0x20 || b >= 0x80 || b == '"' || b == '\\') break;
-            ++plain;
-        }
+        const std::size_t plain = plain_run_end(s, i); // out in one piece
         out.append(s.substr(i, plain - i));
         i = plain;
         if (i == s.size()) break;
@@ -580,13 +586,7 @@ private:
         expect('"');
         std::string s;
         for (;;) {
-            // Runs of plain ASCII go in in one piece.
-            std::size_t plain = pos_;
-            while (plain < text_.size()) {
-                const auto b = static_cast<unsigned char>(text_[plain]);
-                if (b < 0x20 || b >= 0x80 || b == '"' || b == '\\') break;
-                ++plain;
-            }
+            const std::size_t plain = plain_run_end(text_, pos_); // in in one piece
             s.append(text_.substr(pos_, plain - pos_));
             pos_ = plain;
             const char c = peek();
