@@ -25,8 +25,10 @@ custody_install_missing() {
 custody_setup() {
   local dir=$1; shift
   if [ -f "$dir/build.ninja" ]; then
-    # `meson configure` applies changed options (setup --reconfigure ignores some, like cpp_args).
-    meson configure "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
+    # Reconfigure first, so that options added since DIR was set up are known; then `meson
+    # configure` applies changed options (setup --reconfigure ignores some, like cpp_args).
+    { meson setup --reconfigure "$dir" && meson configure "$dir" "$@"; } >"$dir.setup.log" 2>&1 ||
+      { cat "$dir.setup.log"; return 1; }
   else
     meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
   fi
