@@ -26,8 +26,9 @@ struct call_stack {
 
     [[nodiscard]] bool empty() const noexcept { return depth == 0; }
 
-    /// Captures the caller's stack, dropping the `skip` innermost frames (1: this function).
-    /// Addresses only: nothing is looked up. Not inlined, so the count is the same at every
+    /// Captures the caller's stack, dropping the `skip` innermost frames (1: this function; a
+    /// sanitizer's interceptor of backtrace adds one, which symbolize() leaves out with the rest of
+    /// custody's frames). Addresses only: nothing is looked up. Not inlined, so the count is the same at every
     /// optimization level. Not async-signal-safe on first use (glibc loads libgcc lazily);
     /// allocation-free afterwards.
     [[gnu::noinline]] static call_stack capture(int skip) noexcept {
