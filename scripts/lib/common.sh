@@ -166,3 +166,34 @@ custody_setup() {
     meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
   fi
 }
+
+# custody_fetch_cccl DIR: the headers of the CCCL releases interop/cccl.hpp is checked against
+# besides the toolkit's own (3.1: the renamed cuda::mr API; 3.2: the basic_any references), from
+# NVIDIA's nvidia-cuda-cccl wheels on PyPI, unpacked into DIR/cccl-<version>. Prints the include
+# directories it has, as a meson array; prints [] when pip cannot fetch them. Fetches nothing with
+# CUSTODY_NO_INSTALL=1 (the trees already in DIR are used).
+custody_cccl_wheels=(13.1.115:3.1 13.2.86:3.2)
+custody_fetch_cccl() {
+  local dir=$1 trees=()
+  mkdir -p "$dir"
+  for entry in "${custody_cccl_wheels[@]}"; do
+    local wheel=${entry%%:*} cccl=${entry##*:} tree="$dir/cccl-${entry##*:}"
+    if [ ! -f "$tree/include/cccl/cuda/std/__cccl/version.h" ] && [ "${CUSTODY_NO_INSTALL:-0}" = 1 ]; then
+      echo "custody: CCCL $cccl headers not in $dir and CUSTODY_NO_INSTALL=1: not fetched, not checked against" >&2
+    elif [ ! -f "$tree/include/cccl/cuda/std/__cccl/version.h" ]; then
+      local tmp
+      tmp=$(mktemp -d)
+      if python3 -m pip download -q --no-deps -d "$tmp" "nvidia-cuda-cccl==$wheel" >/dev/null 2>&1; then
+        rm -rf "$tree" && mkdir -p "$tree" &&
+          python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$tmp"/*.whl "$tmp/x" &&
+          mv "$tmp/x/nvidia/cu13/include" "$tree/include"
+      else
+        echo "custody: could not fetch CCCL $cccl headers (nvidia-cuda-cccl==$wheel); not checked against it" >&2
+      fi
+      rm -rf "$tmp"
+    fi
+    [ -f "$tree/include/cccl/cuda/std/__cccl/version.h" ] && trees+=("'$tree/include/cccl'")
+  done
+  local IFS=,
+  echo "[${trees[*]}]"
+}
