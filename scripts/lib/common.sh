@@ -160,8 +160,12 @@ custody_install_missing() {
 custody_setup() {
   local dir=$1; shift
   if [ -f "$dir/build.ninja" ]; then
-    # `meson configure` applies changed options (setup --reconfigure ignores some, like cpp_args).
-    meson configure "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
+    # `meson configure` applies changed options (setup --reconfigure ignores some, like cpp_args),
+    # but knows only the options the directory was set up with: after a pull that adds one, the
+    # directory is set up again first.
+    meson configure "$dir" "$@" >"$dir.setup.log" 2>&1 ||
+      { meson setup --reconfigure "$dir" >>"$dir.setup.log" 2>&1 && meson configure "$dir" "$@" >>"$dir.setup.log" 2>&1; } ||
+      { cat "$dir.setup.log"; return 1; }
   else
     meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
   fi

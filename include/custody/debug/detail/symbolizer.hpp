@@ -174,9 +174,13 @@ private:
     };
     std::map<std::string, session> sessions_; ///< by module path as asked; failures kept (tried once)
 
+    /// Modules opened at most (each holds a file open): a report naming more is untrusted input.
+    static constexpr std::size_t max_modules = 1024;
+
     Dwfl_Module* open(const std::string& module) {
         const auto known = sessions_.find(module);
         if (known != sessions_.end()) return known->second.module;
+        if (sessions_.size() >= max_modules) return nullptr;
         session& s = sessions_[module];
         const std::string path = find_file(module);
         if (path.empty()) return nullptr;
