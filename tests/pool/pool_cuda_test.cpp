@@ -1,7 +1,9 @@
 // The pool on the cuda platform: basic use, cross-stream reuse with a real event, and graph capture
-// (refused with capture_error, nothing recorded). Exits 77 (skipped) without a CUDA device.
+// with capture-private memory (the cases of tests/support/pool_capture_cases.hpp). Exits 77
+// (skipped) without a CUDA device.
 #define CATCH_CONFIG_RUNNER
 #include <custody/platform/cuda.hpp>
+#include <custody/pool/capture_scope.hpp>
 #include <custody/pool/cuda_memory_info.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 
@@ -9,6 +11,7 @@
 
 #include "../support/catch.hpp"
 #include "../support/cuda_presence.hpp"
+#include "../support/pool_capture_cases.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -96,27 +99,58 @@ TEST_CASE("cuda: follow_dependencies makes the taking stream wait on the giver's
     pool.deallocate(b, q, 1 << 20, 256);
 }
 
-TEST_CASE("cuda: an allocation during graph capture is refused and records nothing", "[pool][cuda][graph]") {
+// ---- graph capture: the cases the host platform runs (tests/support/pool_capture_cases.hpp), with
+//      real stream capture, graph launches and memset nodes ----
+
+namespace {
+pool_options capture_options() {
     pool_options o;
     o.memory_info = &custody::pool::cuda_memory_info;
     o.device_headroom = 0;
+    return o;
+}
+} // namespace
+
+TEST_CASE("cuda: capture check every_call refuses an untold capture and quarantines its frees", "[pool][cuda][graph]") {
+    pool_options o = capture_options();
+    o.check_capture = custody::pool::capture_check::every_call;
     pool_type pool(o, 0);
+    custody_test::case_every_call_check(pool);
+}
+TEST_CASE("cuda capture pool: replays keep private blocks intact and apart from ordinary ones", "[pool][cuda][graph]") {
+    pool_type pool(capture_options(), 0);
+    custody_test::case_capture_replay_cookies(pool);
+}
+TEST_CASE("cuda capture pool: two graphs share one private pool", "[pool][cuda][graph]") {
+    pool_type pool(capture_options(), 0);
+    custody_test::case_shared_pool(pool);
+}
+TEST_CASE("cuda capture pool: release is deferred while blocks are out, refused when nothing is held", "[pool][cuda][graph]") {
+    pool_type pool(capture_options(), 0);
+    custody_test::case_release_rules(pool);
+}
+TEST_CASE("cuda capture pool: ordinary allocations during a capture are unaffected and keep it valid", "[pool][cuda][graph]") {
+    pool_type pool(capture_options(), 0);
+    custody_test::case_ordinary_during_capture(pool);
+}
+TEST_CASE("cuda capture pool: forked streams share the capture's pool; unknown captures are refused", "[pool][cuda][graph]") {
+    pool_type pool(capture_options(), 0);
+    custody_test::case_forked_and_unknown_streams(pool);
+}
+TEST_CASE("cuda capture pool: the legacy stream, implicitly in a blocking stream's capture, is refused", "[pool][cuda][graph]") {
+    pool_type pool(capture_options(), 0);
     custody::cuda::stream s(0);
-    void* before_capture = pool.allocate(s, 4096, 256);
-    const auto before = pool.detailed_statistics();
-    REQUIRE(cudaStreamBeginCapture(s.view().get(), cudaStreamCaptureModeRelaxed) == cudaSuccess);
-    CHECK_THROWS_AS(pool.allocate(s, 4096, 256), custody::pool::capture_error);
-    // Given back during capture: quarantined, never reused.
-    pool.deallocate(s, before_capture, 4096, 256);
-    cudaGraph_t graph = nullptr;
-    REQUIRE(cudaStreamEndCapture(s.view().get(), &graph) == cudaSuccess);
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    const auto after = pool.detailed_statistics();
-    CHECK(after.totals.allocations == before.totals.allocations);
-    CHECK(after.quarantined_bytes == before.quarantined_bytes + 4096);
+    cudaStream_t blocking = nullptr;
+    CUSTODY_CUDA_TRY(cudaStreamCreate(&blocking));
+    custody::pool::capture_scope scope(pool, s); // a route is open: other streams are asked
+    platform::begin_capture(blocking, custody::capture_mode::relaxed);
+    CHECK_THROWS_AS(pool.allocate(custody::cuda::stream_view{}, 4096, 256), custody::pool::capture_error);
     void* p = pool.allocate(s, 4096, 256);
-    CHECK(p != before_capture);
+    CUSTODY_CUDA_TRY(cudaMemsetAsync(p, 1, 4096, blocking));
+    static_cast<void>(platform::end_capture(blocking));
+    custody::pool::captured_graph g = scope.end();
     pool.deallocate(s, p, 4096, 256);
+    CUSTODY_CUDA_TRY(cudaStreamDestroy(blocking));
 }
 
 int main(int argc, char** argv) {

@@ -3,6 +3,8 @@
 /// streams, and the limits it keeps.
 #pragma once
 
+#include <custody/pool/capture_pool_id.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -97,6 +99,10 @@ struct pool_options {
     /// more are created at once when they run out.
     std::size_t initial_events = 8;
     std::size_t event_batch = 8;
+
+    /// How the pool learns that a stream is being captured into a graph (see capture_check):
+    /// by default from the captures it is told of, without a platform query per call.
+    capture_check check_capture = capture_check::scopes;
 };
 
 } // namespace custody::pool

@@ -23,7 +23,8 @@ struct stream_free_bytes {
 ///
 /// Accounting identity, exact whenever no call is in flight:
 ///   totals.reserved_bytes = live_block_bytes + stream_cached_bytes + shared_free_bytes
-///                           + quarantined_bytes
+///                           + quarantined_bytes + capture_reserved_bytes
+///   capture_reserved_bytes = capture_live_block_bytes + capture_free_bytes
 /// where live_block_bytes >= totals.live_bytes (blocks are rounded up, see docs/pool.md).
 struct pool_statistics {
     resource_statistics totals; ///< what statistics() returns
@@ -31,6 +32,10 @@ struct pool_statistics {
     std::size_t stream_cached_bytes = 0; ///< free bytes cached per stream, summed
     std::size_t shared_free_bytes = 0;   ///< free bytes usable by any stream at once
     std::size_t quarantined_bytes = 0;   ///< given back during graph capture: never reused (docs/pool.md)
+    std::size_t capture_reserved_bytes = 0;   ///< held by capture-private pools (docs/pool.md)
+    std::size_t capture_live_block_bytes = 0; ///< their blocks handed out, rounded
+    std::size_t capture_free_bytes = 0;       ///< free in them: reusable by their later captures only
+    std::size_t capture_pools = 0;            ///< capture-private pools alive
     std::size_t largest_free_block = 0;  ///< over the shared set and every stream's large blocks
     std::size_t chunks = 0;              ///< upstream chunks held
     std::size_t streams = 0;             ///< streams with a shard

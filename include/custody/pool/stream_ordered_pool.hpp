@@ -16,6 +16,8 @@
 ///   pool_options, reuse_policy      pool/pool_options.hpp
 ///   pool_statistics                 pool/pool_statistics.hpp
 ///   capture_error                   pool/capture_error.hpp
+///   capture_store_                  capture-private pools (pool/detail/capture_store.hpp); the
+///                                   scope API is pool/capture_scope.hpp
 #pragma once
 
 #include <custody/core/detail/atomic_peak.hpp>
@@ -26,7 +28,10 @@
 #include <custody/core/properties.hpp>
 #include <custody/core/report.hpp>
 #include <custody/core/statistics.hpp>
+#include <custody/platform/capture.hpp>
 #include <custody/pool/capture_error.hpp>
+#include <custody/pool/capture_pool_id.hpp>
+#include <custody/pool/detail/capture_store.hpp>
 #include <custody/pool/detail/event_pool.hpp>
 #include <custody/pool/detail/free_set.hpp>
 #include <custody/pool/detail/size_classes.hpp>
@@ -42,9 +47,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <stdexcept>
 #include <string>
@@ -75,9 +82,16 @@ namespace custody::pool {
 /// default stream. The common path makes no driver call.
 /// Streams must belong to the pool's device (std::invalid_argument otherwise).
 ///
-/// **Graph capture.** An allocation on a stream being captured throws capture_error and changes
-/// nothing: the pool never records events nor synchronizes during capture. A block given back on a
-/// capturing stream is quarantined: never reused, returned to the upstream only when the pool ends.
+/// **Graph capture.** While a graph is captured with the pool's knowledge (a capture_scope, or
+/// begin_allocate_to_pool .. end_allocate_to_pool), allocations on the captured streams come from a
+/// capture-private pool named by a capture_pool_id (pool/detail/capture_store.hpp): their addresses
+/// stay reserved for the graph's replays and never serve ordinary allocations; release_pool gives
+/// the memory back once no graph holds it. Meanwhile the pool records no event on a capturing
+/// stream, synchronizes nothing and takes memory under a relaxed capture mode, so captures stay
+/// valid. An allocation on a capturing stream that no capture claims throws capture_error; a block
+/// of the ordinary pool given back on a capturing stream is quarantined (never reused: a replay may
+/// use it). While no capture is open the pool asks the platform nothing (pool_options::check_capture
+/// says otherwise). The common path then costs two atomic loads more.
 ///
 /// **Growth and limits.** Chunks come from the upstream through custody::try_allocate on the
 /// default stream: pool_options::initial_size at construction, then chunks of
@@ -135,7 +149,12 @@ public:
           table_size_(std::bit_ceil(options_.max_streams * 2)),
           table_(std::make_unique<std::atomic<shard*>[]>(table_size_)),
           shards_(std::make_unique<std::atomic<shard*>[]>(options_.max_streams)),
-          request_limit_(compute_request_limit()) {
+          request_limit_(compute_request_limit()),
+          capture_store_(upstream_, device_, chunk_alignment, options_.growth_step, options_.check_capture,
+                         [this](std::size_t n) {
+                             std::lock_guard lock(shared_mutex_);
+                             return within_limits(n);
+                         }) {
         if (options_.initial_size > 0) {
             std::lock_guard lock(shared_mutex_);
             if (!grow_exactly(large_kind, align_up(options_.initial_size, granule))) {
@@ -202,8 +221,10 @@ public:
     [[nodiscard]] void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment) {
         if (!is_pow2(alignment) || alignment > max_alignment) [[unlikely]] check_alignment(alignment, max_alignment);
         if (bytes == 0) return nullptr;
-        if (platform_type::is_capturing(stream)) throw capture_error(platform_type::stream_key(stream), bytes);
         if (bytes > request_limit_) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
+        if (capture_store_.watching()) [[unlikely]] {
+            if (void* p = capture_store_.allocate(stream, bytes, alignment)) return p;
+        }
         shard* sh = shard_for(stream);
         std::size_t size = 0;
         if (bytes <= small_threshold) {
@@ -229,12 +250,11 @@ public:
         const std::size_t c = small ? detail::class_of(bytes) : 0;
         const std::size_t size = small ? detail::class_size(c) : align_up(bytes, granule);
         const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-        bool capturing = true;
-        try {
-            capturing = platform_type::is_capturing(stream);
-        } catch (...) {
+        if (capture_store_.owns(address)) [[unlikely]] {
+            capture_store_.deallocate(stream, address, bytes);
+            return;
         }
-        if (capturing) {
+        if (capture_store_.watching() && capture_store_.capturing(stream)) [[unlikely]] {
             quarantine(address, size);
             on_deallocated_slow(bytes, size);
             return;
@@ -327,12 +347,17 @@ public:
             p.chunks = chunks_.size();
             p.quarantined_bytes = quarantined_bytes_.load(std::memory_order_relaxed);
         }
+        const detail::capture_figures f = capture_store_.figures();
+        p.capture_reserved_bytes = f.reserved_bytes;
+        p.capture_live_block_bytes = f.live_block_bytes;
+        p.capture_free_bytes = f.free_bytes + f.lost_bytes;
+        p.capture_pools = f.pools;
         p.totals = totals(c);
         p.live_block_bytes = static_cast<std::size_t>(c.block_bytes);
         p.streams = shard_count_.load(std::memory_order_acquire);
         p.fast_allocations = c.allocations - slow_allocations_.load(std::memory_order_relaxed);
-        p.upstream_allocations = upstream_allocations_.load(std::memory_order_relaxed);
-        p.upstream_deallocations = upstream_deallocations_.load(std::memory_order_relaxed);
+        p.upstream_allocations = upstream_allocations_.load(std::memory_order_relaxed) + f.upstream_allocations;
+        p.upstream_deallocations = upstream_deallocations_.load(std::memory_order_relaxed) + f.upstream_deallocations;
         p.opportunistic_reuses = opportunistic_reuses_.load(std::memory_order_relaxed);
         p.dependency_waits = dependency_waits_.load(std::memory_order_relaxed);
         p.reclaims = reclaims_.load(std::memory_order_relaxed);
@@ -343,11 +368,48 @@ public:
     /// Waits for every stream's event (on the host), moves every cached block to the shared set
     /// (coalescing), and gives every wholly free chunk back to the upstream. Returns the bytes
     /// given back. Blocks while streams finish the work recorded before their frees.
+    /// While a graph capture is open in the pool it waits for nothing and returns 0. Also gives
+    /// back the free memory of released capture pools (docs/pool.md).
     std::size_t trim() {
+        if (capture_store_.routing()) return 0;
         reclaim();
-        std::lock_guard lock(shared_mutex_);
-        return release_free_chunks();
+        std::size_t released = 0;
+        {
+            std::lock_guard lock(shared_mutex_);
+            released = release_free_chunks();
+        }
+        return released + capture_store_.collect_released();
     }
+
+    // ---- graph capture: the hooks (PyTorch's beginAllocateToPool, endAllocateToPool, releasePool);
+    //      pool/capture_scope.hpp builds the C++ scope on them. See docs/pool.md. ----
+
+    /// A capture pool id that no other call returns ({0, n}).
+    [[nodiscard]] capture_pool_id make_capture_pool_id() noexcept { return capture_store_.make_id(); }
+
+    /// From now until end_allocate_to_pool(id), allocations on `capturing` (a stream that is being,
+    /// or is about to be, captured) and on the streams forked into its capture come from private
+    /// pool `id`: made if new, shared if it exists (its graphs must never run concurrently with
+    /// this one). Each call holds the pool once more (release_pool drops a hold). Throws
+    /// std::invalid_argument when `id` is being allocated to already or was released. Strong.
+    void begin_allocate_to_pool(capture_pool_id id, stream_type capturing) {
+        capture_store_.begin_route(id, {}, capturing);
+    }
+    /// The same for the streams `filter` accepts (PyTorch passes one that compares the stream's
+    /// capture id with its graph's). The filter is called only while some capture is open in the
+    /// pool, under the pool's capture lock, for allocations on streams no route claims otherwise.
+    void begin_allocate_to_pool(capture_pool_id id, std::function<bool(stream_type)> filter) {
+        capture_store_.begin_route(id, std::move(filter), std::nullopt);
+    }
+    /// Ends the routing to `id`, after the capture has ended: its blocks given back during the
+    /// capture now serve any later capture into `id`. Throws std::invalid_argument when `id` is
+    /// not being allocated to.
+    void end_allocate_to_pool(capture_pool_id id) { capture_store_.end_route(id); }
+    /// Drops one hold on private pool `id` (one per begin_allocate_to_pool; a graph keeps it while
+    /// it may be replayed). With none left, the pool's memory goes back to the upstream, after a
+    /// device synchronization, as soon as it is free and no capture is open in this pool; blocks
+    /// still out return it when given back. Throws std::invalid_argument when `id` holds nothing.
+    void release_pool(capture_pool_id id) { capture_store_.release(id); }
 
     /// The device the pool's memory belongs to (the upstream's; -1 when it has none).
     [[nodiscard]] int device() const noexcept { return device_; }
@@ -440,15 +502,27 @@ private:
     };
 
     /// The pool-wide counters with the call counts `c` summed over the shards.
-    [[nodiscard]] resource_statistics totals(const counters& c) const noexcept {
-        resource_statistics s;
-        s.live_bytes = static_cast<std::size_t>(std::max<std::int64_t>(c.live_bytes, 0));
+    [[nodiscard]] resource_statistics totals(const counters& c) const {
+        resource_statistics s = capture_totals();
+        s.live_bytes += static_cast<std::size_t>(std::max<std::int64_t>(c.live_bytes, 0));
         s.peak_live_bytes = std::max(peak_live_bytes_.load(std::memory_order_relaxed), s.live_bytes);
-        s.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
-        s.peak_reserved_bytes = peak_reserved_bytes_.load(std::memory_order_relaxed);
-        s.allocations = c.allocations;
-        s.deallocations = c.deallocations;
-        s.live_allocations = static_cast<std::size_t>(c.allocations - c.deallocations);
+        s.reserved_bytes += reserved_bytes_.load(std::memory_order_relaxed);
+        s.peak_reserved_bytes = std::max(peak_reserved_bytes_.load(std::memory_order_relaxed), s.reserved_bytes);
+        s.allocations += c.allocations;
+        s.deallocations += c.deallocations;
+        s.live_allocations += static_cast<std::size_t>(c.allocations - c.deallocations);
+        return s;
+    }
+
+    /// The capture-private pools' share of the totals.
+    [[nodiscard]] resource_statistics capture_totals() const {
+        const detail::capture_figures f = capture_store_.figures();
+        resource_statistics s;
+        s.live_bytes = f.live_bytes;
+        s.reserved_bytes = f.reserved_bytes;
+        s.allocations = f.allocations;
+        s.deallocations = f.deallocations;
+        s.live_allocations = static_cast<std::size_t>(f.allocations - f.deallocations);
         return s;
     }
 
@@ -577,6 +651,10 @@ private:
     // ---- the slow path ----
 
     void* allocate_slow(stream_type stream, shard* sh, std::size_t bytes, std::size_t size, std::size_t alignment) {
+        // While a capture is open in the pool, its potentially unsafe calls (growth, event queries)
+        // must not break it: they touch nothing the capture holds.
+        std::optional<basic_capture_mode_guard<platform_type>> relaxed;
+        if (capture_store_.routing()) [[unlikely]] relaxed.emplace(capture_mode::relaxed);
         const bool small = bytes <= small_threshold;
         const unsigned kind = small ? small_kind : large_kind;
         // 1. This stream's own recent large blocks (exact size), then its spans.
@@ -663,7 +741,12 @@ private:
                 return reinterpret_cast<void*>(b.address);
             }
         }
-        // 5. Last resort: wait for every stream, coalesce everything, give free chunks back, retry once.
+        // 5. Last resort: wait for every stream, coalesce everything, give free chunks back, retry
+        //    once; never while a capture is open (waiting would break it).
+        if (capture_store_.routing()) {
+            failures_.fetch_add(1, std::memory_order_relaxed);
+            throw_out_of_memory(bytes, alignment, "a graph capture is open in the pool, which does not wait for streams then");
+        }
         reclaims_.fetch_add(1, std::memory_order_relaxed);
         reclaim();
         {
@@ -989,7 +1072,7 @@ private:
     // ---- growth (shared_mutex_ held) ----
 
     [[nodiscard]] bool within_limits(std::size_t n) const {
-        const std::size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
+        const std::size_t reserved = reserved_bytes_.load(std::memory_order_relaxed) + capture_store_.reserved_bytes();
         if (n > options_.maximum_size || reserved > options_.maximum_size - n) return false;
         if (options_.memory_info != nullptr) {
             if (const auto info = options_.memory_info(device_)) {
@@ -1042,7 +1125,7 @@ private:
         }
         upstream_allocations_.fetch_add(1, std::memory_order_relaxed);
         const std::size_t reserved = reserved_bytes_.fetch_add(n, std::memory_order_relaxed) + n;
-        custody::detail::raise_peak(peak_reserved_bytes_, reserved);
+        custody::detail::raise_peak(peak_reserved_bytes_, reserved + capture_store_.reserved_bytes());
         return true;
     }
 
@@ -1262,6 +1345,8 @@ private:
     std::atomic<std::uint64_t> dependency_waits_{0};
     std::atomic<std::uint64_t> reclaims_{0};
     std::atomic<std::uint64_t> failures_{0};
+    // After the fields it reads (upstream_, options_, device_, the limits): capture-private pools.
+    detail::capture_store<Upstream> capture_store_;
 };
 
 } // namespace custody::pool

@@ -1,0 +1,198 @@
+// The pool's capture-private memory on the host platform, which captures and replays for real: the
+// shared cases (tests/support/pool_capture_cases.hpp), failures injected during a capture, many
+// threads allocating while one captures, and the lock-free index of private chunks.
+#include <custody/platform/host.hpp>
+#include <custody/pool/capture_scope.hpp>
+#include <custody/pool/detail/address_ranges.hpp>
+#include <custody/pool/stream_ordered_pool.hpp>
+#include <custody/resource/fault_injecting.hpp>
+#include <custody/resource/virtual_device_memory.hpp>
+
+#include "../support/pool_capture_cases.hpp"
+
+#include "../support/catch.hpp"
+
+#include <atomic>
+#include <cstddef>
+#include <new>
+#include <thread>
+#include <vector>
+
+using custody::capture_mode;
+using custody::capture_status;
+using custody::host::platform;
+using custody::pool::capture_scope;
+using custody::pool::pool_options;
+using custody::pool::stream_ordered_pool;
+using custody::resource::virtual_device_memory;
+using pool_type = stream_ordered_pool<virtual_device_memory>;
+using faulty_pool = stream_ordered_pool<custody::resource::fault_injecting<virtual_device_memory>>;
+
+namespace {
+constexpr std::size_t device_bytes = std::size_t{1} << 30;
+}
+
+TEST_CASE("capture pool: replays keep private blocks intact and apart from ordinary ones", "[pool][capture]") {
+    pool_type pool(pool_options{}, 0, device_bytes);
+    custody_test::case_capture_replay_cookies(pool);
+}
+TEST_CASE("capture pool: two graphs share one private pool", "[pool][capture]") {
+    pool_type pool(pool_options{}, 0, device_bytes);
+    custody_test::case_shared_pool(pool);
+}
+TEST_CASE("capture pool: release is deferred while blocks are out and refused when nothing is held",
+          "[pool][capture]") {
+    pool_type pool(pool_options{}, 0, device_bytes);
+    custody_test::case_release_rules(pool);
+}
+TEST_CASE("capture pool: ordinary allocations during a capture are unaffected and keep it valid", "[pool][capture]") {
+    pool_type pool(pool_options{}, 0, device_bytes);
+    custody_test::case_ordinary_during_capture(pool);
+}
+TEST_CASE("capture pool: forked streams share the capture's pool; unknown captures are refused", "[pool][capture]") {
+    pool_type pool(pool_options{}, 0, device_bytes);
+    custody_test::case_forked_and_unknown_streams(pool);
+}
+TEST_CASE("capture pool: check_capture = every_call refuses captures the pool was not told of", "[pool][capture]") {
+    pool_options o;
+    o.check_capture = custody::pool::capture_check::every_call;
+    pool_type pool(o, 0, device_bytes);
+    custody_test::case_every_call_check(pool);
+}
+
+TEST_CASE("capture pool: without a capture the pool asks nothing and an untold capture is not seen", "[pool][capture]") {
+    // The default (capture_check::scopes): the host platform counts nothing, so the evidence is the
+    // behaviour: an allocation on a stream captured behind the pool's back is served (the caller's
+    // error, documented), where every_call refuses it.
+    pool_type pool(pool_options{}, 0, device_bytes);
+    custody::host::stream s;
+    platform::begin_capture(s, capture_mode::relaxed);
+    void* p = pool.allocate(s, 4096, 256);
+    CHECK(p != nullptr);
+    CHECK(pool.detailed_statistics().capture_live_block_bytes == 0);
+    static_cast<void>(platform::end_capture(s));
+    pool.deallocate(s, p, 4096, 256);
+}
+
+TEST_CASE("capture pool: failures injected during a capture leave the pool and the capture as they were",
+          "[pool][capture]") {
+    faulty_pool pool(pool_options{}, 0, device_bytes);
+    custody::host::stream s;
+    capture_scope scope(pool, s);
+    void* first = pool.allocate(s, 4096, 256); // the private pool's first chunk
+    platform::memset_async(first, 0x7E, 4096, s);
+    const auto before = pool.detailed_statistics();
+    pool.upstream().fail_at(1, true);
+    CHECK_THROWS_AS(pool.allocate(s, std::size_t{8} << 20, 256), custody::out_of_memory); // needs a chunk
+    CHECK_THROWS_AS(pool.allocate(s, std::size_t{64} << 20, 4096), custody::out_of_memory);
+    const auto after = pool.detailed_statistics();
+    CHECK(after.totals.live_bytes == before.totals.live_bytes);
+    CHECK(after.totals.allocations == before.totals.allocations);
+    CHECK(after.totals.reserved_bytes == before.totals.reserved_bytes);
+    CHECK(after.capture_free_bytes == before.capture_free_bytes);
+    custody_test::check_identity(after);
+    CHECK(platform::query_capture(s).status == capture_status::active);
+    void* fits = pool.allocate(s, 4096, 256); // the chunk it has still serves
+    CHECK(fits != nullptr);
+    pool.upstream().disarm();
+    void* grown = pool.allocate(s, std::size_t{8} << 20, 256);
+    platform::memset_async(grown, 0x7F, std::size_t{8} << 20, s);
+    custody::pool::captured_graph g = scope.end();
+    g.launch(s);
+    CHECK(custody_test::holds_cookie<platform>(s, first, 4096, 0x7E));
+    CHECK(custody_test::holds_cookie<platform>(s, grown, std::size_t{8} << 20, 0x7F));
+    pool.deallocate(s, first, 4096, 256);
+    pool.deallocate(s, fits, 4096, 256);
+    pool.deallocate(s, grown, std::size_t{8} << 20, 256);
+    g.reset();
+    CHECK(pool.detailed_statistics().capture_reserved_bytes == 0);
+}
+
+TEST_CASE("capture pool: a scope left by an exception ends the capture and releases its pool", "[pool][capture]") {
+    pool_type pool(pool_options{}, 0, device_bytes);
+    custody::host::stream s;
+    void* kept = nullptr;
+    try {
+        capture_scope scope(pool, s);
+        kept = pool.allocate(s, 4096, 256);
+        throw std::runtime_error("step failed");
+    } catch (const std::runtime_error&) {
+    }
+    CHECK_FALSE(platform::is_capturing(s));
+    CHECK(pool.detailed_statistics().capture_reserved_bytes != 0); // kept is still out
+    pool.deallocate(s, kept, 4096, 256);
+    CHECK(pool.detailed_statistics().capture_reserved_bytes == 0);
+    // An invalidated capture: end() throws, the scope is over and its pool released.
+    capture_scope broken(pool, s);
+    void* lost = pool.allocate(s, 4096, 256);
+    CHECK_THROWS_AS(platform::synchronize(s), custody::capture_violation);
+    CHECK_THROWS_AS(broken.end(), custody::capture_violation);
+    pool.deallocate(s, lost, 4096, 256);
+    CHECK(pool.detailed_statistics().capture_reserved_bytes == 0);
+    CHECK(pool.detailed_statistics().capture_pools == 0);
+}
+
+TEST_CASE("capture pool: threads allocate while others capture, each capture keeps its own memory", "[pool][capture]") {
+    pool_type pool(pool_options{}, 0, device_bytes);
+    std::atomic<int> bad{0};
+    std::vector<std::thread> threads;
+    for (int k = 0; k < 4; ++k) {
+        threads.emplace_back([&, k] {
+            custody::host::stream s;
+            const auto cookie = static_cast<unsigned char>(0x30 + k);
+            for (int round = 0; round < 10; ++round) {
+                if (k % 2 == 0) { // a capturing thread (per_thread mode: the others may grow meanwhile)
+                    capture_scope scope(pool, s, capture_mode::per_thread);
+                    void* p = pool.allocate(s, 2048 + 256 * static_cast<std::size_t>(k), 256);
+                    platform::memset_async(p, cookie, 2048, s);
+                    custody::pool::captured_graph g = scope.end();
+                    g.launch(s);
+                    if (!custody_test::holds_cookie<platform>(s, p, 2048, cookie)) bad.fetch_add(1);
+                    pool.deallocate(s, p, 2048 + 256 * static_cast<std::size_t>(k), 256);
+                } else {
+                    void* p = pool.allocate(s, std::size_t{1} << (12 + round % 10), 256);
+                    platform::memset_async(p, cookie, 2048, s);
+                    if (!custody_test::holds_cookie<platform>(s, p, 2048, cookie)) bad.fetch_add(1);
+                    pool.deallocate(s, p, std::size_t{1} << (12 + round % 10), 256);
+                }
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    CHECK(bad.load() == 0);
+    const auto p = pool.detailed_statistics();
+    CHECK(p.capture_reserved_bytes == 0);
+    CHECK(p.totals.live_allocations == 0);
+    custody_test::check_identity(p);
+}
+
+TEST_CASE("address_ranges: lookups while ranges come and go", "[pool][capture]") {
+    custody::pool::detail::address_ranges ranges;
+    CHECK_FALSE(ranges.contains(100));
+    for (std::uintptr_t i = 0; i < 40; ++i) ranges.insert(1000 + i * 100, 1000 + i * 100 + 50);
+    CHECK(ranges.size() == 40);
+    CHECK(ranges.contains(1000));
+    CHECK(ranges.contains(1049));
+    CHECK_FALSE(ranges.contains(1050));
+    CHECK_FALSE(ranges.contains(999));
+    CHECK(ranges.contains(1000 + 39 * 100 + 10));
+    ranges.erase(1000 + 5 * 100);
+    CHECK_FALSE(ranges.contains(1000 + 5 * 100 + 1));
+    CHECK(ranges.contains(1000 + 6 * 100 + 1));
+    // A reader searching a range that never changes while a writer adds and removes others.
+    std::atomic<bool> stop{false};
+    std::atomic<int> misses{0};
+    std::thread reader([&] {
+        while (!stop.load()) {
+            if (!ranges.contains(1000 + 7 * 100 + 3)) misses.fetch_add(1);
+            if (ranges.contains(1000 + 7 * 100 + 60)) misses.fetch_add(1);
+        }
+    });
+    for (std::uintptr_t i = 0; i < 2000; ++i) {
+        ranges.insert(100000 + i * 10, 100000 + i * 10 + 5);
+        if (i % 3 == 0) ranges.erase(100000 + (i / 2) * 10);
+    }
+    stop.store(true);
+    reader.join();
+    CHECK(misses.load() == 0);
+}
