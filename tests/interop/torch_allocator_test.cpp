@@ -2,6 +2,7 @@
 // class (the dlopen test drives the built library).
 #include <custody/interop/torch_allocator.hpp>
 #include <custody/platform/host.hpp>
+#include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/virtual_device_memory.hpp>
 
@@ -89,4 +90,46 @@ TEST_CASE("injected exhaustion reaches the caller as null and changes nothing", 
     CHECK(alloc.trim(-1) == 0); // nothing to trim: the resource keeps no cache
     alloc.free(a, 1024, 0, {});
     CHECK(alloc.statistics(0).live_bytes == 0);
+}
+
+TEST_CASE("graph capture through the hooks PyTorch calls: a filter routes the capture's allocations", "[interop][torch][capture]") {
+    using pool_type = custody::pool::stream_ordered_pool<virtual_device_memory>;
+    pluggable_allocator<pool_type> alloc(1, [](int device) {
+        return std::make_unique<pool_type>(custody::pool::pool_options{}, device, std::size_t{1} << 30);
+    });
+    custody::host::stream s;
+    const custody::pool::capture_pool_id id{7, 1};
+    // As torch.cuda.graph: begin the capture, then route the streams of that capture to the pool.
+    host_platform::begin_capture(s, custody::capture_mode::global);
+    const std::uint64_t capture = host_platform::query_capture(s).id;
+    REQUIRE(alloc.begin_allocate_to_pool(0, id, [capture](custody::host::stream_view v) {
+        return host_platform::query_capture(v).id == capture;
+    }));
+    CHECK_FALSE(alloc.begin_allocate_to_pool(0, id, {})); // already being allocated to
+    CHECK(std::string(alloc.last_error()).find("already") != std::string::npos);
+    void* p = alloc.alloc(4096, 0, s);
+    REQUIRE(p != nullptr);
+    host_platform::memset_async(p, 0x5C, 4096, s);
+    custody::host::stream other;
+    void* q = alloc.alloc(4096, 0, other); // another stream: ordinary memory
+    REQUIRE(q != nullptr);
+    CHECK(alloc.resource(0).detailed_statistics().capture_live_block_bytes == 4096);
+    const custody::host::graph g = host_platform::end_capture(s);
+    REQUIRE(alloc.end_allocate_to_pool(0, id));
+    host_platform::launch(g, s);
+    host_platform::synchronize(s);
+    CHECK(static_cast<unsigned char*>(p)[4095] == 0x5C);
+    alloc.free(p, 4096, 0, s);
+    alloc.free(q, 4096, 0, other);
+    CHECK(alloc.release_pool(0, id));
+    CHECK(alloc.resource(0).detailed_statistics().capture_reserved_bytes == 0);
+    CHECK_FALSE(alloc.release_pool(0, id)); // nothing held any more
+}
+
+TEST_CASE("the capture hooks fail cleanly for a resource without capture pools", "[interop][torch][capture]") {
+    pluggable_allocator<virtual_device_memory> alloc(
+        1, [](int device) { return std::make_unique<virtual_device_memory>(device, 1 << 20); });
+    CHECK_FALSE(alloc.begin_allocate_to_pool(0, {1, 2}, {}));
+    CHECK(std::string(alloc.last_error()).find("capture") != std::string::npos);
+    CHECK_FALSE(alloc.release_pool(0, {1, 2}));
 }

@@ -11,6 +11,7 @@
 #include <custody/core/concepts.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/platform/platform.hpp>
+#include <custody/pool/capture_pool_id.hpp>
 
 #include <atomic>
 #include <cstddef>
@@ -93,6 +94,25 @@ public:
         r->deallocate(stream, ptr, static_cast<std::size_t>(size), alignment);
     }
 
+    // ---- graph capture: PyTorch's beginAllocateToPool / endAllocateToPool / releasePool (the
+    //      pluggable allocator's set_begin_allocate_to_pool, set_end_allocate_to_pool_fn and
+    //      set_release_pool), forwarded to `device`'s resource; see docs/pool.md. Each returns false
+    //      (and sets last_error()) on failure, or when the resource has no capture-private pools.
+
+    /// Allocations on `device` on the streams `filter` accepts come from private pool `id` until
+    /// end_allocate_to_pool (id made if new, shared and held once more if not).
+    bool begin_allocate_to_pool(int device, pool::capture_pool_id id, std::function<bool(stream_type)> filter) noexcept {
+        return capture_hook(device, true, [&](auto& r) { r.begin_allocate_to_pool(id, std::move(filter)); });
+    }
+    /// Ends the routing to `id` on `device` (after the capture has ended).
+    bool end_allocate_to_pool(int device, pool::capture_pool_id id) noexcept {
+        return capture_hook(device, false, [&](auto& r) { r.end_allocate_to_pool(id); });
+    }
+    /// Drops one hold on private pool `id` of `device`; its memory goes back once none is left.
+    bool release_pool(int device, pool::capture_pool_id id) noexcept {
+        return capture_hook(device, false, [&](auto& r) { r.release_pool(id); });
+    }
+
     /// The statistics of `device`'s resource (all zeros before its first allocation).
     [[nodiscard]] resource_statistics statistics(int device) const noexcept {
         const Resource* r = existing(device);
@@ -168,6 +188,26 @@ public:
     }
 
 private:
+    /// Runs `hook` on `device`'s resource (made first when `create`) with the device current.
+    template <class Hook>
+    bool capture_hook(int device, bool create, Hook&& hook) noexcept {
+        return guarded<bool>(false, [&] {
+            if constexpr (requires(Resource& r, pool::capture_pool_id id) { r.release_pool(id); }) {
+                Resource* r = create ? &resource(device) : existing(device);
+                if (r == nullptr) {
+                    throw std::invalid_argument("custody: device " + std::to_string(device) +
+                                                " has no capture pools (nothing was allocated on it)");
+                }
+                basic_device_guard<platform_type> guard(device);
+                hook(*r);
+                return true;
+            } else {
+                throw std::logic_error("custody: this resource has no capture-private pools");
+                return false;
+            }
+        });
+    }
+
     [[nodiscard]] Resource* existing(int device) const noexcept {
         if (device < 0 || device >= device_count_) return nullptr;
         return slots_[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
