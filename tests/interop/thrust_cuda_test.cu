@@ -14,19 +14,12 @@
 #include <cstdio>
 
 #include "../support/cuda_presence.hpp"
+#include "../support/expect.hpp"
 
 using custody::interop::thrust_allocator;
 using custody::resource::cuda_async;
 
 static_assert(THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA, "this test runs Thrust's CUDA path");
-
-#define EXPECT(cond)                                                                                  \
-    do {                                                                                              \
-        if (!(cond)) {                                                                                \
-            std::fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond);                   \
-            return 1;                                                                                 \
-        }                                                                                             \
-    } while (false)
 
 int main() {
     if (const int status = custody_test::cuda_gate("thrust_cuda_test (compiled with nvcc)"); status >= 0) return status;

@@ -81,6 +81,8 @@ TEST_CASE("capture pool: failures injected during a capture leave the pool and t
     capture_scope scope(pool, s);
     void* first = pool.allocate(s, 4096, 256); // the private pool's first chunk
     platform::memset_async(first, 0x7E, 4096, s);
+    custody::host::stream t; // an ordinary stream with a block given back and not yet covered
+    pool.deallocate(t, pool.allocate(t, 4096, 256), 4096, 256);
     const auto before = pool.detailed_statistics();
     pool.upstream().fail_at(1, true);
     CHECK_THROWS_AS(pool.allocate(s, std::size_t{8} << 20, 256), custody::out_of_memory); // needs a chunk
@@ -91,6 +93,11 @@ TEST_CASE("capture pool: failures injected during a capture leave the pool and t
     CHECK(after.totals.reserved_bytes == before.totals.reserved_bytes);
     CHECK(after.capture_free_bytes == before.capture_free_bytes);
     custody_test::check_identity(after);
+    CHECK(platform::query_capture(s).status == capture_status::active);
+    // An ordinary allocation on another stream that cannot grow either: out_of_memory without the
+    // last resort's waits (a device synchronization here: they would break the capture).
+    CHECK_THROWS_AS(pool.allocate(t, std::size_t{16} << 20, 256), custody::out_of_memory);
+    CHECK(pool.detailed_statistics().reclaims == before.reclaims);
     CHECK(platform::query_capture(s).status == capture_status::active);
     void* fits = pool.allocate(s, 4096, 256); // the chunk it has still serves
     CHECK(fits != nullptr);

@@ -15,6 +15,8 @@ namespace custody::pool {
 struct capture_pool_id {
     std::uint64_t first = 0;
     std::uint64_t second = 0;
+    // Both spelled out: nvcc's front end does not derive == from a defaulted <=>.
+    friend constexpr bool operator==(const capture_pool_id&, const capture_pool_id&) noexcept = default;
     friend constexpr auto operator<=>(const capture_pool_id&, const capture_pool_id&) noexcept = default;
 };
 

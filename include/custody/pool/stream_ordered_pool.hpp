@@ -503,7 +503,7 @@ private:
 
     /// The pool-wide counters with the call counts `c` summed over the shards.
     [[nodiscard]] resource_statistics totals(const counters& c) const {
-        resource_statistics s = capture_totals();
+        resource_statistics s = capture_store_.figures().totals();
         s.live_bytes += static_cast<std::size_t>(std::max<std::int64_t>(c.live_bytes, 0));
         s.peak_live_bytes = std::max(peak_live_bytes_.load(std::memory_order_relaxed), s.live_bytes);
         s.reserved_bytes += reserved_bytes_.load(std::memory_order_relaxed);
@@ -511,18 +511,6 @@ private:
         s.allocations += c.allocations;
         s.deallocations += c.deallocations;
         s.live_allocations += static_cast<std::size_t>(c.allocations - c.deallocations);
-        return s;
-    }
-
-    /// The capture-private pools' share of the totals.
-    [[nodiscard]] resource_statistics capture_totals() const {
-        const detail::capture_figures f = capture_store_.figures();
-        resource_statistics s;
-        s.live_bytes = f.live_bytes;
-        s.reserved_bytes = f.reserved_bytes;
-        s.allocations = f.allocations;
-        s.deallocations = f.deallocations;
-        s.live_allocations = static_cast<std::size_t>(f.allocations - f.deallocations);
         return s;
     }
 

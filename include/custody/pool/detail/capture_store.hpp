@@ -47,6 +47,17 @@ struct capture_figures {
     std::uint64_t deallocations = 0;
     std::uint64_t upstream_allocations = 0;
     std::uint64_t upstream_deallocations = 0;
+
+    /// The private pools' share of a resource's statistics (no peaks: the owner keeps those).
+    [[nodiscard]] resource_statistics totals() const noexcept {
+        resource_statistics s;
+        s.live_bytes = live_bytes;
+        s.reserved_bytes = reserved_bytes;
+        s.allocations = allocations;
+        s.deallocations = deallocations;
+        s.live_allocations = static_cast<std::size_t>(allocations - deallocations);
+        return s;
+    }
 };
 
 /// The capture-private pools of a stream_ordered_pool over `Upstream`.
@@ -202,7 +213,7 @@ public:
         if (b.size == 0) b = p.common.take(size, alignment);
         if (b.size == 0 && grow(p, size, alignment)) b = p.common.take(size, alignment);
         if (b.size == 0) {
-            throw out_of_memory(bytes, alignment, device_, statistics_locked(), "stream_ordered_pool",
+            throw out_of_memory(bytes, alignment, device_, figures_locked().totals(), "stream_ordered_pool",
                                 "capture pool " + text(p.id) + ": no free block fits and no chunk could be taken");
         }
         p.block_bytes += b.size;
@@ -422,16 +433,6 @@ private:
         f.upstream_allocations = upstream_allocations_;
         f.upstream_deallocations = upstream_deallocations_;
         return f;
-    }
-    [[nodiscard]] resource_statistics statistics_locked() const noexcept {
-        const capture_figures f = figures_locked();
-        resource_statistics s;
-        s.live_bytes = f.live_bytes;
-        s.reserved_bytes = f.reserved_bytes;
-        s.allocations = f.allocations;
-        s.deallocations = f.deallocations;
-        s.live_allocations = static_cast<std::size_t>(f.allocations - f.deallocations);
-        return s;
     }
 
     static std::string text(capture_pool_id id) {
