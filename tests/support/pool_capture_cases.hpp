@@ -201,6 +201,7 @@ void case_ordinary_during_capture(Pool& pool) {
     using P = typename Pool::platform_type;
     typename P::stream s(0);
     typename P::stream t(0);
+    typename P::stream u(0); // made (and destroyed) outside the capture: CUDA may forbid that during one
     custody::pool::capture_scope scope(pool, s);
     void* priv = pool.allocate(s, 4096, 256);
     P::memset_async(priv, 0x44, 4096, s);
@@ -210,7 +211,6 @@ void case_ordinary_during_capture(Pool& pool) {
     P::memset_async(here, 0x66, std::size_t{5} << 20, t);
     std::vector<void*> there;
     std::thread([&] {
-        typename P::stream u(0);
         for (int i = 0; i < 16; ++i) there.push_back(pool.allocate(u, std::size_t{3} << 20, 256));
         for (void* q : there) pool.deallocate(u, q, std::size_t{3} << 20, 256);
     }).join();

@@ -40,19 +40,20 @@ public:
                 continue;
             }
             const table* t = current_.load(std::memory_order_acquire);
-            const std::size_t n = std::min(t->count.load(std::memory_order_relaxed), t->capacity);
+            // Acquire loads: the second read of seq_ cannot move before them, and a value a change
+            // wrote makes that read see the change's odd count (no fence: ThreadSanitizer does not model fences).
+            const std::size_t n = std::min(t->count.load(std::memory_order_acquire), t->capacity);
             std::size_t lo = 0;
             std::size_t hi = n; // the first range whose begin > address lies in [lo, hi]
             while (lo < hi) {
                 const std::size_t mid = lo + (hi - lo) / 2;
-                if (t->slots[mid].begin.load(std::memory_order_relaxed) <= address) {
+                if (t->slots[mid].begin.load(std::memory_order_acquire) <= address) {
                     lo = mid + 1;
                 } else {
                     hi = mid;
                 }
             }
-            const bool found = lo != 0 && address < t->slots[lo - 1].end.load(std::memory_order_relaxed);
-            std::atomic_thread_fence(std::memory_order_acquire);
+            const bool found = lo != 0 && address < t->slots[lo - 1].end.load(std::memory_order_acquire);
             if (seq_.load(std::memory_order_relaxed) == before) return found;
         }
     }
@@ -92,7 +93,7 @@ public:
             t.set(i, t.slots[i - 1].begin.load(std::memory_order_relaxed), t.slots[i - 1].end.load(std::memory_order_relaxed));
         }
         t.set(at, begin, end);
-        t.count.store(n + 1, std::memory_order_relaxed);
+        t.count.store(n + 1, std::memory_order_release);
         end_write();
         size_.store(n + 1, std::memory_order_release);
     }
@@ -109,7 +110,7 @@ public:
         for (std::size_t i = at; i + 1 < n; ++i) {
             t.set(i, t.slots[i + 1].begin.load(std::memory_order_relaxed), t.slots[i + 1].end.load(std::memory_order_relaxed));
         }
-        t.count.store(n - 1, std::memory_order_relaxed);
+        t.count.store(n - 1, std::memory_order_release);
         end_write();
         size_.store(n - 1, std::memory_order_release);
     }
@@ -121,9 +122,10 @@ private:
     };
     struct table {
         explicit table(std::size_t n) : capacity(n), slots(std::make_unique<slot[]>(n)) {}
+        /// Release stores: none can move before the odd count that begin_write() stored.
         void set(std::size_t i, std::uintptr_t b, std::uintptr_t e) noexcept {
-            slots[i].begin.store(b, std::memory_order_relaxed);
-            slots[i].end.store(e, std::memory_order_relaxed);
+            slots[i].begin.store(b, std::memory_order_release);
+            slots[i].end.store(e, std::memory_order_release);
         }
         const std::size_t capacity;
         std::atomic<std::size_t> count{0};
@@ -131,10 +133,7 @@ private:
     };
 
     [[nodiscard]] std::size_t capacity() const noexcept { return owned_ == nullptr ? 4 : owned_->capacity; }
-    void begin_write() noexcept {
-        seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-        std::atomic_thread_fence(std::memory_order_release);
-    }
+    void begin_write() noexcept { seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
     void end_write() noexcept { seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
 
     std::atomic<std::uint64_t> seq_{0};
