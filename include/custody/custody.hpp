@@ -23,9 +23,9 @@
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/error.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/core/rank.hpp>
-#include <custody/core/report.hpp>
 #include <custody/core/resource_ref.hpp>
 #include <custody/core/statistics.hpp>
 

@@ -18,7 +18,7 @@
 #include <custody/core/concepts.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/properties.hpp>
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/debug/detail/call_stack.hpp>
 #include <custody/debug/detail/registry.hpp>
