@@ -143,12 +143,12 @@ public:
 
     /// A tracker with `options` over an Upstream constructed from `upstream_args`.
     /// Throws std::invalid_argument for guard_bytes outside 1..256 (with canaries on), and
-    /// custody::rank_error for an impossible rank (see custody::validate) or a malformed launcher
+    /// custody::rank_error for an impossible rank (see custody::validate_rank) or a malformed launcher
     /// environment.
     template <class... Args>
     explicit tracking_resource(tracking_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), options_(std::move(options)),
-          rank_(options_.rank ? validate(*options_.rank) : detect_rank()), start_(std::chrono::steady_clock::now()),
+          rank_(options_.rank ? validate_rank(*options_.rank) : detect_rank()), start_(std::chrono::steady_clock::now()),
           start_unix_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count()) {
