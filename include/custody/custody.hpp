@@ -6,7 +6,7 @@
 /// Always (a plain C++20 compiler, no CUDA):
 ///   core/        errors, alignment, concepts (one argument order), resource_ref, statistics, ranks
 ///   platform/    host.hpp: worker-thread streams and events, virtual devices
-///   resource/    host_memory, virtual_device_memory, fault_injecting
+///   resource/    host_memory, simulated_device_memory, fault_injecting
 ///   pool/        stream_ordered_pool
 ///   staging/     staging_ring
 ///   debug/       tracking_resource, owner_scope, reports, the cross-rank merge
@@ -34,7 +34,7 @@
 
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/staging/staging_ring.hpp>

@@ -10,7 +10,7 @@
 #include <custody/resource/host_memory.hpp>
 #include <custody/resource/managed.hpp>
 #include <custody/resource/pinned_host.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -48,7 +48,7 @@ static_assert(!mr::async_resource<cccl_resource<custody::resource::host_memory>>
 static_assert(!mr::resource_with<cccl_resource<custody::resource::host_memory>, mr::device_accessible>);
 // Every host-platform resource: a virtual device's memory keeps its device_accessible property, and
 // an adaptor (fault injection) forwards its upstream's.
-static_assert(mr::resource_with<cccl_resource<custody::resource::virtual_device_memory>, mr::device_accessible>);
+static_assert(mr::resource_with<cccl_resource<custody::host::simulated_device_memory>, mr::device_accessible>);
 static_assert(mr::resource_with<cccl_resource<custody::resource::fault_injecting<custody::resource::host_memory>>,
                                 mr::host_accessible>);
 
