@@ -3,7 +3,7 @@
 //   pluggable/<path>         PyTorch's entry point (pluggable_allocator) against the resource
 //                            called directly, on one host virtual device, bare and pooled
 #include <custody/interop/pmr.hpp>
-#include <custody/interop/torch_allocator.hpp>
+#include <custody/interop/pluggable_allocator.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>

@@ -46,8 +46,8 @@
 #include <custody/buffer/buffer.hpp>
 
 #include <custody/interop/bind_device.hpp>
+#include <custody/interop/pluggable_allocator.hpp>
 #include <custody/interop/pmr.hpp>
-#include <custody/interop/torch_allocator.hpp>
 
 #if __has_include(<cuda_runtime_api.h>)
 #include <custody/buffer/device_buffer.hpp>

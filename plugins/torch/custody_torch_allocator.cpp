@@ -4,7 +4,7 @@
 // devices so that the C interface is tested without a GPU.
 #include "custody_torch_allocator.h"
 
-#include <custody/interop/torch_allocator.hpp>
+#include <custody/interop/pluggable_allocator.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 

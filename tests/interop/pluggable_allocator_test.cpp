@@ -1,6 +1,6 @@
-// interop/torch_allocator.hpp: the state behind the pluggable-allocator entry points, tested as a
+// interop/pluggable_allocator.hpp: the state behind the pluggable-allocator entry points, tested as a
 // class (the dlopen test drives the built library).
-#include <custody/interop/torch_allocator.hpp>
+#include <custody/interop/pluggable_allocator.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/simulated_device_memory.hpp>
