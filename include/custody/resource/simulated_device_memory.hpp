@@ -7,7 +7,6 @@
 #include <custody/core/properties.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/resource/detail/leaf.hpp>
-#include <custody/resource/host_memory.hpp>
 
 #include <gsl/assert>
 
@@ -79,7 +78,7 @@ public:
     }
     void raw_deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         pending_.fetch_add(1);
-        resource::detail::free_after_stream(stream, [this, ptr, bytes, alignment] {
+        free_after_stream(stream, [this, ptr, bytes, alignment] {
             raw_deallocate_sync(ptr, bytes, alignment);
             pending_.fetch_sub(1);
             pending_.notify_all();
