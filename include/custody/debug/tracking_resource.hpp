@@ -10,6 +10,7 @@
 ///   report.hpp             violation, tracking_error, policy, leak_report, snapshot, diff, rank_report
 ///   json_report.hpp        rank_report <-> JSON (docs/debug-report-schema.json)
 ///   merge.hpp              N rank reports -> cross-rank table and Chrome/Perfetto trace
+///   tracking_options.hpp   tracking_options, watch, watch_event
 ///   tracking_resource.hpp  this adaptor
 #pragma once
 
@@ -25,6 +26,7 @@
 #include <custody/debug/owner_scope.hpp>
 #include <custody/core/rank.hpp>
 #include <custody/debug/report.hpp>
+#include <custody/debug/tracking_options.hpp>
 
 #include <algorithm>
 #include <array>
@@ -50,52 +52,6 @@
 #include <vector>
 
 namespace custody::debug {
-
-/// A live-bytes alarm: calls `callback` when the live bytes of one owner (exact name) or of one
-/// device rise above `threshold_bytes`, or grow across `growth_snapshots` consecutive snapshots.
-struct watch {
-    enum class subject { owner, device };
-    subject what = subject::owner;
-    std::string owner;                   ///< for subject::owner: the exact owner name ("" = untagged)
-    int device = -1;                     ///< for subject::device
-    std::size_t threshold_bytes = SIZE_MAX; ///< SIZE_MAX: no threshold
-    int growth_snapshots = 0;            ///< 0: no growth alarm
-    /// Called outside the tracker's lock, on the thread that allocated or took the snapshot.
-    std::function<void(const struct watch_event&)> callback;
-};
-
-/// What a watch saw when it fired.
-struct watch_event {
-    int watch_id = 0;
-    std::string subject; ///< "owner 'decoder'" or "device 1"
-    int rank = 0;
-    std::size_t live_bytes = 0;
-    bool growth = false;        ///< true: fired by growth across snapshots; false: by the threshold
-    int consecutive_growths = 0;
-};
-
-/// The tracking resource's options. Plain value; every field has a safe default.
-struct tracking_options {
-    std::string name = "tracking";      ///< names the tracker in reports
-    std::optional<rank_info> rank;      ///< default: detect_rank()
-    bool capture_stacks = false;        ///< record each allocation's call stack (backtrace)
-    bool canaries = true;               ///< guard bytes around each block, checked at free
-    std::size_t guard_bytes = 64;       ///< per side; 1..256
-    unsigned char canary_byte = 0xCB;
-    bool poison = true;                 ///< fill freed memory with poison_byte before giving it back
-    unsigned char poison_byte = 0xFF;   ///< 0xFF.. is a NaN in float, bfloat16 and half
-    bool check_device = true;           ///< report frees on another device
-    bool check_streams = true;          ///< report frees on an unordered other stream
-    policy on_violation = policy::throw_error;
-    policy on_leak = policy::log;       ///< at destruction; throw_error logs (destructors do not throw)
-    std::function<void(const violation&)> violation_callback; ///< policy::callback; must not throw
-    std::function<void(const leak_report&)> leak_callback;    ///< policy::callback for leaks
-    std::size_t remembered_frees = 4096; ///< freed blocks remembered to tell a double free
-    std::size_t kept_violations = 256;   ///< the most recent violations kept for reports
-    std::size_t kept_samples = 4096;     ///< the most recent timeline samples kept for reports
-    bool release_leaks = true; ///< at destruction, give leaked blocks back to the upstream
-    bool precise_time = false; ///< steady_clock per allocation instead of a coarse (ms) clock
-};
 
 /// Tracks every allocation made through it, over any stream-ordered `Upstream`.
 ///
@@ -468,8 +424,6 @@ public:
     }
 
 private:
-    static constexpr std::size_t max_guard_bytes = 256;
-
     /// Where the user block sits in the upstream block.
     /// Invariants (valid): total = front + bytes + back; front % alignment == 0; inner = outer + front.
     struct layout {
