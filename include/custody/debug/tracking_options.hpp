@@ -35,7 +35,8 @@ struct watch {
     int device = -1;                        ///< for subject::device
     std::size_t threshold_bytes = SIZE_MAX; ///< SIZE_MAX: no threshold
     int growth_snapshots = 0;               ///< 0: no growth alarm
-    /// Called outside the tracker's lock, on the thread that allocated or took the snapshot.
+    /// Called outside the tracker's lock, on the thread that allocated or took the snapshot. Must
+    /// not throw: an exception it throws is reported through custody::report_failure and dropped.
     std::function<void(const watch_event&)> callback;
 };
 

@@ -121,11 +121,7 @@ public:
 
     ~tracking_resource() {
         detail::tracker_registry::instance().remove(this);
-        try {
-            drain_guard_checks(true);
-        } catch (...) {
-            report_failure("custody: tracking_resource could not finish its guard checks");
-        }
+        drain_guard_checks(true);
         settle_leaks();
     }
 
@@ -313,7 +309,9 @@ private:
     using free_call = detail::free_call<stream_type>;
     using free_outcome = typename state_type::outcome;
 
-    [[nodiscard]] static int device_of(stream_type stream, bool synchronous) noexcept {
+    /// The device of a call: the stream's, or the current one for a synchronous call. Throws what
+    /// the platform's query throws (a CUDA error for a stream that is gone).
+    [[nodiscard]] static int device_of(stream_type stream, bool synchronous) {
         return synchronous ? platform_type::current_device() : platform_type::stream_device(stream);
     }
 
@@ -348,33 +346,28 @@ private:
     }
 
     /// Writes the guards of the block the upstream just gave and records it. On any failure (the
-    /// guard writes, no memory for the ledger node), gives the block back and throws (or returns
-    /// nullptr on the noexcept path): the strong guarantee.
+    /// guard writes, the stream's device query, no memory for the call stack or the ledger node),
+    /// gives the block back and throws (or returns nullptr on the noexcept path): the strong
+    /// guarantee.
     void* admit(void* outer, const detail::guard_layout& l, stream_type stream, bool synchronous, std::size_t bytes,
                 std::size_t alignment, owner_id owner, bool noexcept_path) noexcept(false) {
         auto* inner = static_cast<unsigned char*>(outer) + l.front;
-        try {
-            guards_.write(outer, l, bytes, synchronous ? stream_type{} : stream, synchronous);
-        } catch (...) {
-            give_back(outer, l.total, alignment, stream, synchronous);
-            if (noexcept_path) return nullptr;
-            throw;
-        }
-        // Heap, not std::optional: GCC zero-fills an empty optional's storage on every call.
-        std::unique_ptr<detail::call_stack> stack;
-        if (options_.capture_stacks) stack = std::make_unique<detail::call_stack>(detail::call_stack::capture(1));
-        const detail::site_record site{owner, device_of(stream, synchronous),
-                                       synchronous ? 0 : platform_type::stream_key(stream), synchronous, 0,
-                                       clock_.now_ns()};
         std::vector<detail::fired_watch> fired;
         try {
+            guards_.write(outer, l, bytes, synchronous ? stream_type{} : stream, synchronous);
+            // Heap, not std::optional: GCC zero-fills an empty optional's storage on every call.
+            std::unique_ptr<detail::call_stack> stack;
+            if (options_.capture_stacks) stack = std::make_unique<detail::call_stack>(detail::call_stack::capture(1));
+            const detail::site_record site{owner, device_of(stream, synchronous),
+                                           synchronous ? 0 : platform_type::stream_key(stream), synchronous, 0,
+                                           clock_.now_ns()};
             state_.admit(inner, {{outer, bytes, alignment, l.total, l.front}, site, stream, stack.get()}, fired);
         } catch (...) {
             give_back(outer, l.total, alignment, stream, synchronous);
             if (noexcept_path) return nullptr;
             throw;
         }
-        if (!fired.empty()) fire(fired);
+        fire(fired);
         return inner;
     }
 
@@ -387,13 +380,19 @@ private:
     }
 
     /// Classifies the free, then reports it or forwards it. `can_throw`: a violation under
-    /// throw_error is thrown here.
+    /// throw_error is thrown here; nothing else is.
     void free_impl(stream_type stream, bool synchronous, void* ptr, std::size_t bytes, std::size_t alignment,
                    bool can_throw) noexcept(false) {
         free_call call{ptr, bytes, alignment, stream,
-                       detail::site_record{current_owner(), device_of(stream, synchronous),
-                                           synchronous ? 0 : platform_type::stream_key(stream), synchronous, 0,
-                                           clock_.now_ns()}};
+                       detail::site_record{current_owner(), -1, synchronous ? 0 : platform_type::stream_key(stream),
+                                           synchronous, 0, clock_.now_ns()}};
+        try {
+            call.site.device = device_of(stream, synchronous);
+        } catch (...) {
+            call.device_known = false;
+            report_failure("custody: tracker '" + options_.name +
+                           "' could not tell the device of a free's stream; its device check is skipped");
+        }
         free_outcome out; // raw: filled as the verdict needs
         std::vector<detail::fired_watch> fired;
         const detail::free_verdict verdict = state_.classify(call, out, guards_.canaries(), fired);
@@ -427,7 +426,7 @@ private:
         if (out.block != nullptr) {
             if (call.stream == stream_type{}) {
                 if (const auto damage = guards_.check_now(call.ptr, out.block->bytes, call.stream)) {
-                    overwritten = std::make_unique<violation>(violations_.overwritten_guard(*out.block, *damage));
+                    overwritten = describe_overwritten(*out.block, *damage, call);
                 }
             } else {
                 guards_.check_later(*out.block, call.ptr, call.stream, [&] { return violations_.freed_site(call); });
@@ -435,17 +434,28 @@ private:
         }
         guards_.poison(out.outer, out.total, call.stream, call.site.synchronous);
         give_back(out.outer, out.total, out.alignment, call.stream, call.site.synchronous);
-        if (!fired.empty()) fire(fired);
+        fire(fired);
         if (guards_.has_pending()) drain_guard_checks(false);
-        if (overwritten) {
-            overwritten->freed = violations_.freed_site(call);
-            violations_.handle(std::move(*overwritten), can_throw);
+        if (overwritten) violations_.handle(std::move(*overwritten), can_throw);
+    }
+
+    /// The violation an overwritten guard of `r` is, freed by `call`; nullptr (reported) when there
+    /// is no memory to describe it.
+    [[nodiscard]] std::unique_ptr<violation> describe_overwritten(const record& r, const detail::guard_damage& damage,
+                                                                  const free_call& call) const noexcept {
+        try {
+            auto v = std::make_unique<violation>(violations_.overwritten_guard(r, damage));
+            v->freed = violations_.freed_site(call);
+            return v;
+        } catch (...) {
+            report_failure("custody: no memory to describe an overwritten guard");
+            return nullptr;
         }
     }
 
-    /// Handles the guard checks whose read-back has completed (all of them when `wait`).
-    void drain_guard_checks(bool wait) {
-        guards_.drain(wait, [&](const record& r, const void*, const detail::guard_damage& damage, allocation_site freed) {
+    /// Handles the guard checks whose read-back has completed (all of them, waiting, when `wait`).
+    void drain_guard_checks(bool wait) noexcept {
+        guards_.drain(wait, [&](const record& r, const detail::guard_damage& damage, allocation_site& freed) {
             std::optional<violation> v;
             try {
                 v = violations_.overwritten_guard(r, damage);
@@ -483,10 +493,15 @@ private:
     }
 
     /// Calls the callbacks of watches that fired (outside the lock). A watch removed meanwhile is
-    /// skipped; its callback is copied under the lock so removal cannot race with the call.
-    void fire(const std::vector<detail::fired_watch>& fired) {
+    /// skipped; its callback is copied under the lock so removal cannot race with the call. What a
+    /// callback throws is reported and dropped: it must not undo the call that fired it.
+    void fire(const std::vector<detail::fired_watch>& fired) noexcept {
         for (const auto& [id, event] : fired) {
-            if (const auto callback = state_.watch_callback(id)) callback(event);
+            try {
+                if (const auto callback = state_.watch_callback(id)) callback(event);
+            } catch (...) {
+                report_failure("custody: a watch's callback failed (or there was no memory to call it)");
+            }
         }
     }
 

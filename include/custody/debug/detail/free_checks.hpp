@@ -24,6 +24,7 @@ struct free_call {
     std::size_t alignment = 0;
     Stream stream{}; ///< the default stream for a synchronous free
     site_record site;
+    bool device_known = true; ///< false: the platform could not tell site.device (-1 then)
 };
 
 /// What the tracker's state makes of a free: good (the block was taken out of the ledger), a misuse of a
@@ -47,14 +48,14 @@ struct free_outcome {
 };
 
 /// Which check a free `call` of the live block `r` fails, if any, in this order: size, alignment,
-/// device (when `check_device`), stream ordering (when `check_streams`; a synchronous free counts
+/// device (when `check_device` and the free's device is known), stream ordering (when `check_streams`; a synchronous free counts
 /// as ordered after everything).
 template <class Stream>
 [[nodiscard]] std::optional<violation_kind> misuse_of(const block_record<Stream>& r, const free_call<Stream>& call,
                                                       bool check_device, bool check_streams) noexcept {
     if (r.bytes != call.bytes) return violation_kind::wrong_size;
     if (r.alignment != call.alignment) return violation_kind::wrong_alignment;
-    if (check_device && call.site.device != r.allocated.device) return violation_kind::wrong_device;
+    if (check_device && call.device_known && call.site.device != r.allocated.device) return violation_kind::wrong_device;
     if (check_streams && !call.site.synchronous && r.uses.unordered_before(call.stream, call.site.stream) != nullptr) {
         return violation_kind::stream_hazard;
     }

@@ -15,14 +15,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <deque>
+#include <iterator>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
-#include <vector>
 
 namespace custody::debug::detail {
 
@@ -154,25 +154,28 @@ public:
     [[nodiscard]] bool has_pending() const noexcept { return pending_count_.load(std::memory_order_relaxed) != 0; }
 
     /// Finishes the checks whose read-back has completed (all of them, waiting, when `wait`) and
-    /// calls on_damage(block, inner, damage, freed site) for each overwritten guard found.
+    /// calls on_damage(block, damage, freed site) for each overwritten guard found. Allocates
+    /// nothing; a wait that fails is reported and its check dropped. `on_damage` must not throw.
     template <class OnDamage>
-    void drain(bool wait, OnDamage&& on_damage) {
-        std::vector<pending_check> done;
+    void drain(bool wait, OnDamage&& on_damage) noexcept {
+        std::list<pending_check> done;
         {
             std::lock_guard lock(mutex_);
             for (auto it = pending_.begin(); it != pending_.end();) {
-                if (wait || it->done.ready()) {
-                    done.push_back(std::move(*it));
-                    it = pending_.erase(it);
-                } else {
-                    ++it;
-                }
+                const auto next = std::next(it);
+                if (wait || ready(*it)) done.splice(done.end(), pending_, it);
+                it = next;
             }
             pending_count_.fetch_sub(done.size(), std::memory_order_relaxed);
         }
         for (pending_check& c : done) {
-            c.done.synchronize();
-            if (auto damage = compare(c.seen.get())) on_damage(c.block, c.inner, *damage, std::move(c.freed));
+            try {
+                c.done.synchronize();
+            } catch (...) {
+                report_failure("custody: waiting for a guard check failed; the block goes unchecked");
+                continue;
+            }
+            if (auto damage = compare(c.seen.get())) on_damage(c.block, *damage, c.freed);
         }
     }
 
@@ -199,6 +202,16 @@ private:
         allocation_site freed;
     };
 
+    /// Whether the read-back of `c` has completed; a failed query counts as done (drain's wait then
+    /// reports it).
+    [[nodiscard]] static bool ready(const pending_check& c) noexcept {
+        try {
+            return c.done.ready();
+        } catch (...) {
+            return true;
+        }
+    }
+
     void read_back(unsigned char* seen, const void* inner, std::size_t bytes, stream_type s) const {
         const auto* b = static_cast<const unsigned char*>(inner);
         Platform::memcpy_async(seen, b - guard_bytes_, guard_bytes_, s);
@@ -224,7 +237,7 @@ private:
     std::array<unsigned char, 2 * max_guard_bytes> pattern_; // both guards as written
 
     std::mutex mutex_; // guards pending_
-    std::deque<pending_check> pending_;
+    std::list<pending_check> pending_; // a list: drain() takes checks out without allocating
     std::atomic<std::size_t> pending_count_{0}; // == pending_.size()
 };
 
