@@ -7,6 +7,7 @@
 #include <custody/debug/json_report.hpp>
 #include <custody/debug/merge.hpp>
 #include <custody/debug/report.hpp>
+#include <custody/platform/cuda.hpp>
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
