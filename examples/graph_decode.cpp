@@ -9,7 +9,7 @@
 #include <custody/platform/host.hpp>
 #include <custody/pool/capture_scope.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 #ifdef CUSTODY_WITH_CUDA
 #include <custody/platform/cuda.hpp>
 #include <custody/resource/cuda_malloc.hpp>
@@ -114,5 +114,5 @@ int main() {
 #else
     std::puts("custody graph_decode: built without CUDA, running on the host platform");
 #endif
-    return run<custody::host::platform, custody::resource::virtual_device_memory>(0, std::size_t{1} << 30);
+    return run<custody::host::platform, custody::host::simulated_device_memory>(0, std::size_t{1} << 30);
 }

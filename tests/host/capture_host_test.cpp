@@ -1,7 +1,7 @@
 // Graph capture on the host platform: the rules shared with CUDA (tests/support/capture_cases.hpp),
 // and what only the host platform shows (its stand-in for cudaMalloc, streams destroyed mid-capture).
 #include <custody/platform/host.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/capture_cases.hpp"
 
@@ -48,7 +48,7 @@ TEST_CASE("host capture: a capture not relaxed ends on its own thread", "[platfo
 
 TEST_CASE("host capture: virtual device memory is cudaMalloc: unsafe unless the thread is relaxed",
           "[platform][host][capture]") {
-    custody::resource::virtual_device_memory memory(0, std::size_t{1} << 20);
+    custody::host::simulated_device_memory memory(0, std::size_t{1} << 20);
     custody::host::stream s;
     ops::memory m(256);
     platform::begin_capture(s, capture_mode::global);

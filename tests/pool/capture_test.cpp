@@ -6,7 +6,7 @@
 #include <custody/pool/detail/address_ranges.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/fault_injecting.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/pool_capture_cases.hpp"
 
@@ -24,9 +24,9 @@ using custody::host::platform;
 using custody::pool::capture_scope;
 using custody::pool::pool_options;
 using custody::pool::stream_ordered_pool;
-using custody::resource::virtual_device_memory;
-using pool_type = stream_ordered_pool<virtual_device_memory>;
-using faulty_pool = stream_ordered_pool<custody::resource::fault_injecting<virtual_device_memory>>;
+using custody::host::simulated_device_memory;
+using pool_type = stream_ordered_pool<simulated_device_memory>;
+using faulty_pool = stream_ordered_pool<custody::resource::fault_injecting<simulated_device_memory>>;
 
 namespace {
 constexpr std::size_t device_bytes = std::size_t{1} << 30;

@@ -4,7 +4,7 @@
 /// pool's members; docs/pool.md).
 #pragma once
 
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/platform/capture.hpp>
 #include <custody/pool/capture_pool_id.hpp>
 

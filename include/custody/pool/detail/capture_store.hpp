@@ -7,7 +7,7 @@
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/error.hpp>
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/platform/capture.hpp>
 #include <custody/pool/capture_error.hpp>

@@ -1,10 +1,10 @@
-// interop/torch_allocator.hpp: the state behind the pluggable-allocator entry points, tested as a
+// interop/pluggable_allocator.hpp: the state behind the pluggable-allocator entry points, tested as a
 // class (the dlopen test drives the built library).
-#include <custody/interop/torch_allocator.hpp>
+#include <custody/interop/pluggable_allocator.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/fault_injecting.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/catch.hpp"
 
@@ -16,12 +16,12 @@
 #include <vector>
 
 using custody::interop::pluggable_allocator;
-using custody::resource::virtual_device_memory;
+using custody::host::simulated_device_memory;
 using host_platform = custody::host::platform;
 
 TEST_CASE("each call runs on its device and restores the caller's", "[interop][torch]") {
-    pluggable_allocator<virtual_device_memory> alloc(
-        4, [](int device) { return std::make_unique<virtual_device_memory>(device, 1 << 20); });
+    pluggable_allocator<simulated_device_memory> alloc(
+        4, [](int device) { return std::make_unique<simulated_device_memory>(device, 1 << 20); });
     custody::host::device_guard caller(1);
     void* p = alloc.alloc(512, 3, {});
     REQUIRE(p != nullptr);
@@ -34,9 +34,9 @@ TEST_CASE("each call runs on its device and restores the caller's", "[interop][t
 
 TEST_CASE("a device's resource is made once, even when threads race for it", "[interop][torch]") {
     std::atomic<int> made{0};
-    pluggable_allocator<virtual_device_memory> alloc(2, [&](int device) {
+    pluggable_allocator<simulated_device_memory> alloc(2, [&](int device) {
         made.fetch_add(1);
-        return std::make_unique<virtual_device_memory>(device, 1 << 20);
+        return std::make_unique<simulated_device_memory>(device, 1 << 20);
     });
     {
         std::vector<std::jthread> threads;
@@ -54,9 +54,9 @@ TEST_CASE("a device's resource is made once, even when threads race for it", "[i
 
 TEST_CASE("a factory that fails leaves the device unmade, to be tried again", "[interop][torch]") {
     int calls = 0;
-    pluggable_allocator<virtual_device_memory> alloc(1, [&](int device) -> std::unique_ptr<virtual_device_memory> {
+    pluggable_allocator<simulated_device_memory> alloc(1, [&](int device) -> std::unique_ptr<simulated_device_memory> {
         if (++calls == 1) throw std::runtime_error("device busy");
-        return std::make_unique<virtual_device_memory>(device, 1 << 20);
+        return std::make_unique<simulated_device_memory>(device, 1 << 20);
     });
     CHECK(alloc.alloc(64, 0, {}) == nullptr);
     CHECK(std::string(alloc.last_error()) == "device busy");
@@ -68,8 +68,8 @@ TEST_CASE("a factory that fails leaves the device unmade, to be tried again", "[
 }
 
 TEST_CASE("the last error is kept per thread", "[interop][torch]") {
-    pluggable_allocator<virtual_device_memory> alloc(
-        1, [](int device) { return std::make_unique<virtual_device_memory>(device, 1 << 20); });
+    pluggable_allocator<simulated_device_memory> alloc(
+        1, [](int device) { return std::make_unique<simulated_device_memory>(device, 1 << 20); });
     CHECK(alloc.alloc(64, 5, {}) == nullptr);
     std::string other;
     std::thread([&] { other = alloc.last_error(); }).join();
@@ -78,7 +78,7 @@ TEST_CASE("the last error is kept per thread", "[interop][torch]") {
 }
 
 TEST_CASE("injected exhaustion reaches the caller as null and changes nothing", "[interop][torch]") {
-    using faulty = custody::resource::fault_injecting<virtual_device_memory>;
+    using faulty = custody::resource::fault_injecting<simulated_device_memory>;
     pluggable_allocator<faulty> alloc(1, [](int device) { return std::make_unique<faulty>(device, 1 << 20); });
     void* a = alloc.alloc(1024, 0, {});
     REQUIRE(a != nullptr);
@@ -93,7 +93,7 @@ TEST_CASE("injected exhaustion reaches the caller as null and changes nothing", 
 }
 
 TEST_CASE("graph capture through the hooks PyTorch calls: a filter routes the capture's allocations", "[interop][torch][capture]") {
-    using pool_type = custody::pool::stream_ordered_pool<virtual_device_memory>;
+    using pool_type = custody::pool::stream_ordered_pool<simulated_device_memory>;
     pluggable_allocator<pool_type> alloc(1, [](int device) {
         return std::make_unique<pool_type>(custody::pool::pool_options{}, device, std::size_t{1} << 30);
     });
@@ -127,8 +127,8 @@ TEST_CASE("graph capture through the hooks PyTorch calls: a filter routes the ca
 }
 
 TEST_CASE("the capture hooks fail cleanly for a resource without capture pools", "[interop][torch][capture]") {
-    pluggable_allocator<virtual_device_memory> alloc(
-        1, [](int device) { return std::make_unique<virtual_device_memory>(device, 1 << 20); });
+    pluggable_allocator<simulated_device_memory> alloc(
+        1, [](int device) { return std::make_unique<simulated_device_memory>(device, 1 << 20); });
     CHECK_FALSE(alloc.begin_allocate_to_pool(0, {1, 2}, {}));
     CHECK(std::string(alloc.last_error()).find("capture") != std::string::npos);
     CHECK_FALSE(alloc.release_pool(0, {1, 2}));
