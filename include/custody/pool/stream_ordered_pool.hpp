@@ -27,6 +27,7 @@
 #include <custody/core/report.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/pool/capture_error.hpp>
+#include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/event_pool.hpp>
 #include <custody/pool/detail/free_set.hpp>
 #include <custody/pool/detail/size_classes.hpp>
@@ -138,7 +139,7 @@ public:
           request_limit_(compute_request_limit()) {
         if (options_.initial_size > 0) {
             std::lock_guard lock(shared_mutex_);
-            if (!grow_exactly(large_kind, align_up(options_.initial_size, granule))) {
+            if (!grow_exactly(block_kind::large, align_up(options_.initial_size, granule))) {
                 throw out_of_memory(options_.initial_size, chunk_alignment, device_, statistics(), name,
                                     "the pool's initial size could not be taken from its upstream");
             }
@@ -261,7 +262,7 @@ public:
                     }
                     cl.blocks.push_back(address);
                 } else {
-                    keep_recent(*sh, stream, {address, size, 0, 0}); // its chunk is looked up when it leaves recent[]
+                    keep_recent(*sh, stream, {address, size, 0}); // its chunk is looked up when it leaves recent[]
                 }
                 stored = true;
                 sh->cached += size;
@@ -359,19 +360,17 @@ public:
     CUSTODY_FORWARD_PROPERTIES(stream_ordered_pool, Upstream)
 
 private:
-    /// Which chunks a block comes from: size-class blocks and larger ones never share a chunk.
-    static constexpr unsigned small_kind = 0;
-    static constexpr unsigned large_kind = 1;
+    using block_kind = detail::block_kind;
 
     /// An upstream chunk: its size and which kind of block it serves.
     struct chunk_info {
         std::size_t size;
-        unsigned kind;
+        block_kind kind;
     };
     /// Where a block lies: its chunk's base and kind.
     struct chunk_ref {
         std::uintptr_t base = 0;
-        unsigned kind = large_kind;
+        block_kind kind = block_kind::large;
     };
 
     /// Counters kept per shard under its lock (and once more, atomically, for the calls served
@@ -429,8 +428,8 @@ private:
         std::size_t uncovered_bytes = 0; ///< bytes given back since the last record (< record_bytes)
         std::uint32_t epoch = 0;   ///< records so far (wrapping: see cover())
         std::array<class_list, detail::class_count> classes; ///< classes[c]: free blocks of class_size(c)
-        /// spans[small_kind]: class blocks merged (flush_classes); spans[large_kind]: blocks above small_threshold
-        std::array<detail::free_set, 2> spans;
+        /// spans[block_kind::small]: class blocks merged (flush_classes); spans[block_kind::large]: blocks above small_threshold
+        detail::per_kind<detail::free_set> spans;
         /// The large blocks given back most recently, oldest first, not yet merged into spans: a
         /// large block freed and asked for again at the same size (an MLP activation from one
         /// layer to the next) comes back in O(1), without touching the trees.
@@ -578,7 +577,7 @@ private:
 
     void* allocate_slow(stream_type stream, shard* sh, std::size_t bytes, std::size_t size, std::size_t alignment) {
         const bool small = bytes <= small_threshold;
-        const unsigned kind = small ? small_kind : large_kind;
+        const block_kind kind = small ? block_kind::small : block_kind::large;
         // 1. This stream's own recent large blocks (exact size), then its spans.
         if (sh != nullptr) {
             std::lock_guard lock(sh->mutex);
@@ -614,7 +613,7 @@ private:
         if (small && sh != nullptr &&
             flush_classes(*sh, stream, std::max(size, reserved_bytes_.load(std::memory_order_relaxed) / 128))) {
             std::lock_guard lock(sh->mutex);
-            const detail::free_block b = sh->spans[small_kind].take(size, alignment);
+            const detail::free_block b = sh->spans[block_kind::small].take(size, alignment);
             if (b.size != 0) {
                 sh->cached -= b.size;
                 return reinterpret_cast<void*>(b.address);
@@ -626,7 +625,7 @@ private:
             if (sh->recent_count != 0) {
                 if (sh->recent_covered < sh->recent_count) cover(*sh, stream);
                 merge_recent(*sh, sh->recent_count);
-                const detail::free_block b = sh->spans[large_kind].take(size, alignment);
+                const detail::free_block b = sh->spans[block_kind::large].take(size, alignment);
                 if (b.size != 0) {
                     sh->cached -= b.size;
                     return reinterpret_cast<void*>(b.address);
@@ -647,7 +646,7 @@ private:
                 }
             }
             // The pool may not grow: chunks of the other kind serve too (segregation is a preference).
-            const detail::free_block b = shared_[1 - kind].take(size, alignment);
+            const detail::free_block b = shared_[other(kind)].take(size, alignment);
             if (b.size != 0) return reinterpret_cast<void*>(b.address);
         }
         //    ... and so do this stream's spans of the other kind, without waiting for anything.
@@ -657,7 +656,7 @@ private:
                 if (sh->recent_covered < sh->recent_count) cover(*sh, stream);
                 merge_recent(*sh, sh->recent_count);
             }
-            const detail::free_block b = sh->spans[1 - kind].take(size, alignment);
+            const detail::free_block b = sh->spans[other(kind)].take(size, alignment);
             if (b.size != 0) {
                 sh->cached -= b.size;
                 return reinterpret_cast<void*>(b.address);
@@ -669,7 +668,7 @@ private:
         {
             std::lock_guard lock(shared_mutex_);
             detail::free_block b = shared_[kind].take(size, alignment);
-            if (b.size == 0) b = shared_[1 - kind].take(size, alignment);
+            if (b.size == 0) b = shared_[other(kind)].take(size, alignment);
             if (b.size == 0) {
                 release_free_chunks();
                 if (grow(kind, need)) b = shared_[kind].take(size, alignment);
@@ -680,7 +679,7 @@ private:
         throw_out_of_memory(bytes, alignment, {});
     }
 
-    void* take_shared(shard* sh, unsigned kind, std::size_t size, std::size_t alignment) {
+    void* take_shared(shard* sh, block_kind kind, std::size_t size, std::size_t alignment) {
         detail::free_block b, tail;
         {
             std::lock_guard lock(shared_mutex_);
@@ -698,10 +697,10 @@ private:
     /// taken out for the stream to keep beside `b`. A 1.3 MiB block in a 2 MiB chunk otherwise
     /// leaves 0.7 MiB in the shared set while the block comes back to the stream's spans: the two
     /// never coalesce, and the next large request of another size needs a chunk of its own.
-    detail::free_block take_tail(const shard* sh, unsigned kind, const detail::free_block& b) noexcept {
-        if (kind != large_kind || sh == nullptr) return {};
-        detail::free_block tail = shared_[large_kind].take_at(b.address + b.size, b.chunk, small_threshold + granule);
-        tail.kind = large_kind;
+    detail::free_block take_tail(const shard* sh, block_kind kind, const detail::free_block& b) noexcept {
+        if (kind != block_kind::large || sh == nullptr) return {};
+        detail::free_block tail = shared_[block_kind::large].take_at(b.address + b.size, b.chunk, small_threshold + granule);
+        tail.kind = block_kind::large;
         return tail;
     }
 
@@ -712,7 +711,7 @@ private:
         {
             std::lock_guard lock(sh->mutex);
             try {
-                sh->spans[large_kind].insert(tail);
+                sh->spans[block_kind::large].insert(tail);
                 sh->cached += tail.size;
                 return;
             } catch (...) {
@@ -720,7 +719,7 @@ private:
         }
         std::lock_guard lock(shared_mutex_);
         try {
-            shared_[large_kind].insert(tail);
+            shared_[block_kind::large].insert(tail);
         } catch (...) {
             lose(tail.size);
         }
@@ -770,7 +769,7 @@ private:
                     other.cached -= size;
                 }
             }
-            const unsigned kind = small ? small_kind : large_kind;
+            const block_kind kind = small ? block_kind::small : block_kind::large;
             if (result == nullptr && !small && other.recent_covered != 0) {
                 merge_recent(other, other.recent_covered);
             }
@@ -851,7 +850,7 @@ private:
         std::lock_guard lock(sh.mutex);
         std::size_t recent = 0;
         for (std::size_t i = 0; i < sh.recent_count; ++i) recent += sh.recent[i].size;
-        if (sh.cached - sh.spans[small_kind].bytes() - sh.spans[large_kind].bytes() - recent < threshold) return false;
+        if (sh.cached - sh.spans[block_kind::small].bytes() - sh.spans[block_kind::large].bytes() - recent < threshold) return false;
         std::size_t count = 0;
         for (const auto& cl : sh.classes) count += cl.blocks.size();
         if (count == 0) return false;
@@ -861,7 +860,7 @@ private:
         blocks.reserve(count); // may throw: nothing has moved yet
         if (dirty(sh)) cover(sh, stream);
         for (std::size_t c = 0; c < detail::class_count; ++c) {
-            for (std::uintptr_t a : sh.classes[c].blocks) blocks.push_back({a, detail::class_size(c), 0, 0});
+            for (std::uintptr_t a : sh.classes[c].blocks) blocks.push_back({a, detail::class_size(c), 0});
             sh.classes[c].blocks.clear();
             sh.classes[c].covered = 0;
         }
@@ -874,7 +873,7 @@ private:
     /// run of adjacent blocks of one chunk goes in as one block: one tree insert and one chunk
     /// lookup per run. The caller holds a lock that keeps chunks_ stable. Returns the bytes that
     /// could not be stored (no host memory for a node): they are counted lost.
-    std::size_t insert_runs(std::vector<detail::free_block>& blocks, std::array<detail::free_set, 2>& sets) noexcept {
+    std::size_t insert_runs(std::vector<detail::free_block>& blocks, detail::per_kind<detail::free_set>& sets) noexcept {
         std::sort(blocks.begin(), blocks.end(), [](const auto& x, const auto& y) { return x.address < y.address; });
         std::size_t lost = 0;
         std::uintptr_t chunk_end = 0;
@@ -905,7 +904,7 @@ private:
     std::vector<detail::free_block> take_blocks(shard& sh, bool covered_only) {
         std::vector<detail::free_block> blocks;
         const std::size_t recent = covered_only ? sh.recent_covered : sh.recent_count;
-        std::size_t count = sh.spans[small_kind].count() + sh.spans[large_kind].count() + recent;
+        std::size_t count = sh.spans[block_kind::small].count() + sh.spans[block_kind::large].count() + recent;
         for (std::size_t c = 0; c < detail::class_count; ++c) {
             count += covered_only ? covered_blocks(sh, c) : sh.classes[c].blocks.size();
         }
@@ -913,7 +912,7 @@ private:
         for (std::size_t c = 0; c < detail::class_count; ++c) {
             auto& list = sh.classes[c].blocks;
             const std::size_t k = covered_only ? covered_blocks(sh, c) : list.size();
-            for (std::size_t i = 0; i < k; ++i) blocks.push_back({list[i], detail::class_size(c), 0, 0}); // chunk: looked up later
+            for (std::size_t i = 0; i < k; ++i) blocks.push_back({list[i], detail::class_size(c), 0}); // chunk: looked up later
             list.erase(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(k));
             sh.classes[c].covered = 0; // those left, if any, came after the last record
             sh.classes[c].epoch = sh.epoch;
@@ -923,7 +922,7 @@ private:
                   sh.recent.begin() + static_cast<std::ptrdiff_t>(sh.recent_count), sh.recent.begin());
         sh.recent_count -= recent;
         sh.recent_covered = 0;
-        for (unsigned kind : {small_kind, large_kind}) {
+        for (block_kind kind : detail::block_kinds) {
             sh.spans[kind].drain([&](detail::free_block b) {
                 b.kind = kind;
                 blocks.push_back(b);
@@ -1008,7 +1007,7 @@ private:
     /// growth_divisor), the latter rounded down to whole 2 MiB pages once above 2 MiB (the GPU
     /// allocates whole pages: a page begun is a page taken), or `size` rounded up to 2 MiB when
     /// larger; falls back to exactly `size` when that much is refused.
-    bool grow(unsigned kind, std::size_t size) {
+    bool grow(block_kind kind, std::size_t size) {
         std::size_t preferred = options_.growth_step;
         if (options_.growth_divisor != 0) {
             const std::size_t share = reserved_bytes_.load(std::memory_order_relaxed) / options_.growth_divisor;
@@ -1019,7 +1018,7 @@ private:
         return grow_exactly(kind, size);
     }
 
-    bool grow_exactly(unsigned kind, std::size_t n) {
+    bool grow_exactly(block_kind kind, std::size_t n) {
         if (!within_limits(n)) return false;
         void* p = custody::try_allocate(upstream_, stream_type{}, n, chunk_alignment);
         if (p == nullptr) return false;
@@ -1238,7 +1237,7 @@ private:
     std::size_t request_limit_;                       // larger requests fail at once (limits, budget)
 
     mutable std::mutex shared_mutex_;
-    std::array<detail::free_set, 2> shared_;         // [small_kind], [large_kind]; guarded by shared_mutex_
+    detail::per_kind<detail::free_set> shared_;         // [block_kind::small], [block_kind::large]; guarded by shared_mutex_
     std::map<std::uintptr_t, chunk_info> chunks_;     // base -> chunk; written under both locks below
     mutable std::shared_mutex chunks_mutex_;
     std::atomic<std::size_t> quarantined_bytes_{0};   // blocks never reused again (capture, lost)
