@@ -30,6 +30,7 @@
 #include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/event_pool.hpp>
 #include <custody/pool/detail/free_set.hpp>
+#include <custody/pool/detail/request.hpp>
 #include <custody/pool/detail/size_classes.hpp>
 #include <custody/pool/detail/spin_mutex.hpp>
 #include <custody/pool/pool_options.hpp>
@@ -205,30 +206,21 @@ public:
         if (bytes == 0) return nullptr;
         if (platform_type::is_capturing(stream)) throw capture_error(platform_type::stream_key(stream), bytes);
         if (bytes > request_limit_) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
+        const detail::request r = detail::classify(bytes, alignment);
         shard* sh = shard_for(stream);
-        std::size_t size = 0;
-        if (bytes <= small_threshold) {
-            const std::size_t c = detail::class_of(bytes);
-            size = detail::class_size(c);
-            if (sh != nullptr) {
-                if (void* p = pop_class(*sh, c, size, alignment, bytes)) return p;
-            }
-        } else {
-            size = align_up(bytes, granule);
+        if (r.small() && sh != nullptr) {
+            if (void* p = pop_class(*sh, r)) return p;
         }
-        void* p = allocate_slow(stream, sh, bytes, size, alignment);
-        on_allocated_slow(sh, bytes, size);
+        void* p = allocate_slow(stream, sh, r);
+        on_allocated_slow(sh, r);
         return p;
     }
 
     /// Gives `ptr` back on `stream`: reusable at once on `stream`, on other streams as the
     /// reuse_policy allows. `bytes` and `alignment` must be those of the allocation.
     void deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        static_cast<void>(alignment);
         if (ptr == nullptr) return;
-        const bool small = bytes <= small_threshold;
-        const std::size_t c = small ? detail::class_of(bytes) : 0;
-        const std::size_t size = small ? detail::class_size(c) : align_up(bytes, granule);
+        const detail::request r = detail::classify(bytes, alignment);
         const auto address = reinterpret_cast<std::uintptr_t>(ptr);
         bool capturing = true;
         try {
@@ -236,8 +228,8 @@ public:
         } catch (...) {
         }
         if (capturing) {
-            quarantine(address, size);
-            on_deallocated_slow(bytes, size);
+            quarantine(address, r.size);
+            on_deallocated_slow(r);
             return;
         }
         shard* sh = nullptr;
@@ -246,37 +238,37 @@ public:
         } catch (...) {
         }
         if (sh == nullptr) {
-            give_back_synchronously(stream, address, size);
-            on_deallocated_slow(bytes, size);
+            give_back_synchronously(stream, address, r.size);
+            on_deallocated_slow(r);
             return;
         }
         bool stored = false;
         {
             std::lock_guard lock(sh->mutex);
             try {
-                if (small) {
-                    class_list& cl = sh->classes[c];
+                if (r.small()) {
+                    class_list& cl = sh->classes[r.size_class];
                     if (cl.epoch != sh->epoch) { // the first block since the last record: all before it are covered
                         cl.covered = static_cast<std::uint32_t>(cl.blocks.size());
                         cl.epoch = sh->epoch;
                     }
                     cl.blocks.push_back(address);
                 } else {
-                    keep_recent(*sh, stream, {address, size, 0}); // its chunk is looked up when it leaves recent[]
+                    keep_recent(*sh, stream, {address, r.size, 0}); // its chunk is looked up when it leaves recent[]
                 }
                 stored = true;
-                sh->cached += size;
+                sh->cached += r.size;
             } catch (...) {
             }
             if (stored) {
-                sh->uncovered_bytes += size;
+                sh->uncovered_bytes += r.size;
                 if (--sh->to_record == 0 || sh->uncovered_bytes >= options_.record_bytes) [[unlikely]] cover(*sh, stream);
             }
             ++sh->counts.deallocations;
-            sh->counts.block_bytes -= static_cast<std::int64_t>(size);
-            discharge(*sh, bytes);
+            sh->counts.block_bytes -= static_cast<std::int64_t>(r.size);
+            discharge(*sh, r.bytes);
         }
-        if (!stored) lose(size);
+        if (!stored) lose(r.size);
     }
 
     /// allocate on the default stream.
@@ -519,20 +511,21 @@ private:
 
     // ---- the fast path ----
 
-    void* pop_class(shard& sh, std::size_t c, std::size_t size, std::size_t alignment, std::size_t bytes) {
+    void* pop_class(shard& sh, const detail::request& r) {
         std::uintptr_t address = 0;
         std::size_t owed = 0;
         {
             std::lock_guard lock(sh.mutex);
+            const std::size_t c = r.size_class;
             auto& list = sh.classes[c].blocks;
-            if (list.empty() || (alignment > granule && (list.back() & (alignment - 1)) != 0)) return nullptr;
+            if (list.empty() || (r.alignment > granule && (list.back() & (r.alignment - 1)) != 0)) return nullptr;
             address = list.back();
             list.pop_back();
             if (sh.classes[c].covered > list.size()) sh.classes[c].covered = static_cast<std::uint32_t>(list.size());
-            sh.cached -= size;
+            sh.cached -= r.size;
             ++sh.counts.allocations;
-            sh.counts.block_bytes += static_cast<std::int64_t>(size);
-            owed = charge(sh, bytes);
+            sh.counts.block_bytes += static_cast<std::int64_t>(r.size);
+            owed = charge(sh, r.bytes);
         }
         if (owed != 0) [[unlikely]] commit(owed);
         return reinterpret_cast<void*>(address);
@@ -575,9 +568,10 @@ private:
 
     // ---- the slow path ----
 
-    void* allocate_slow(stream_type stream, shard* sh, std::size_t bytes, std::size_t size, std::size_t alignment) {
-        const bool small = bytes <= small_threshold;
-        const block_kind kind = small ? block_kind::small : block_kind::large;
+    void* allocate_slow(stream_type stream, shard* sh, const detail::request& r) {
+        const std::size_t bytes = r.bytes, size = r.size, alignment = r.alignment;
+        const bool small = r.small();
+        const block_kind kind = r.kind;
         // 1. This stream's own recent large blocks (exact size), then its spans.
         if (sh != nullptr) {
             std::lock_guard lock(sh->mutex);
@@ -600,7 +594,7 @@ private:
                 if (void* p = take_shared(sh, kind, size, alignment)) return p;
             }
             if (options_.reuse == reuse_policy::follow_dependencies && sh != nullptr) {
-                if (void* p = take_with_dependency(stream, *sh, small, bytes, size, alignment)) return p;
+                if (void* p = take_with_dependency(stream, *sh, r)) return p;
             }
         }
         // 3b. This stream's size-class lists, merged into its spans, when they hold more than 1/128
@@ -747,10 +741,11 @@ private:
 
     /// Follow dependencies: finds a fitting covered block in another stream's cache, makes
     /// `stream` wait on that stream's event (no host synchronization) and takes the block.
-    void* take_with_dependency(stream_type stream, shard& self, bool small, std::size_t bytes, std::size_t size,
-                               std::size_t alignment) {
+    void* take_with_dependency(stream_type stream, shard& self, const detail::request& r) {
+        const bool small = r.small();
+        const std::size_t size = r.size, alignment = r.alignment;
         void* result = nullptr;
-        const std::size_t c = small ? detail::class_of(bytes) : 0;
+        const std::size_t c = r.size_class;
         const std::size_t n = shard_count_.load(std::memory_order_acquire);
         for (std::size_t i = 0; i < n && result == nullptr; ++i) {
             shard& other = *shards_[i].load(std::memory_order_acquire);
@@ -769,7 +764,7 @@ private:
                     other.cached -= size;
                 }
             }
-            const block_kind kind = small ? block_kind::small : block_kind::large;
+            const block_kind kind = r.kind;
             if (result == nullptr && !small && other.recent_covered != 0) {
                 merge_recent(other, other.recent_covered);
             }
@@ -1159,7 +1154,8 @@ private:
         }
         custody::detail::raise_peak(peak_live_bytes_, now);
     }
-    void on_allocated_slow(shard* sh, std::size_t bytes, std::size_t size) noexcept {
+    void on_allocated_slow(shard* sh, const detail::request& r) noexcept {
+        const std::size_t bytes = r.bytes, size = r.size;
         slow_allocations_.fetch_add(1, std::memory_order_relaxed);
         slow_block_bytes_.fetch_add(static_cast<std::int64_t>(size), std::memory_order_relaxed);
         std::size_t owed = bytes;
@@ -1172,7 +1168,8 @@ private:
         if (owed != 0) commit(owed);
     }
     /// A block given back without a shard (a capturing stream, or one past max_streams).
-    void on_deallocated_slow(std::size_t bytes, std::size_t size) noexcept {
+    void on_deallocated_slow(const detail::request& r) noexcept {
+        const std::size_t bytes = r.bytes, size = r.size;
         slow_deallocations_.fetch_add(1, std::memory_order_relaxed);
         slow_block_bytes_.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
         slow_live_bytes_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
