@@ -28,6 +28,7 @@
 #include <custody/core/statistics.hpp>
 #include <custody/pool/capture_error.hpp>
 #include <custody/pool/detail/block_kind.hpp>
+#include <custody/pool/detail/class_lists.hpp>
 #include <custody/pool/detail/event_pool.hpp>
 #include <custody/pool/detail/free_set.hpp>
 #include <custody/pool/detail/request.hpp>
@@ -247,12 +248,7 @@ public:
             std::lock_guard lock(sh->mutex);
             try {
                 if (r.small()) {
-                    class_list& cl = sh->classes[r.size_class];
-                    if (cl.epoch != sh->epoch) { // the first block since the last record: all before it are covered
-                        cl.covered = static_cast<std::uint32_t>(cl.blocks.size());
-                        cl.epoch = sh->epoch;
-                    }
-                    cl.blocks.push_back(address);
+                    sh->classes.push(r.size_class, address);
                 } else {
                     keep_recent(*sh, stream, {address, r.size, 0}); // its chunk is looked up when it leaves recent[]
                 }
@@ -304,12 +300,7 @@ public:
             for (std::size_t i = 0; i < sh.recent_count; ++i) {
                 p.largest_free_block = std::max(p.largest_free_block, sh.recent[i].size);
             }
-            for (std::size_t k = detail::class_count; k-- > 0;) {
-                if (!sh.classes[k].blocks.empty()) {
-                    p.largest_free_block = std::max(p.largest_free_block, detail::class_size(k));
-                    break;
-                }
-            }
+            p.largest_free_block = std::max(p.largest_free_block, sh.classes.largest());
         });
         {
             std::lock_guard lock(shared_mutex_);
@@ -382,25 +373,15 @@ private:
         }
     };
 
-    /// One size class's free blocks in a shard, newest last. While `epoch` is the shard's, the
-    /// first `covered` of them were given back before the shard's event was last recorded (the
-    /// others after); once the shard records again (its epoch moves on), all of them were. So a
-    /// record costs O(1), and a free or an allocation touches one cache line half for the class.
-    struct alignas(32) class_list {
-        std::vector<std::uintptr_t> blocks;
-        std::uint32_t covered = 0; ///< meaningful while epoch == the shard's epoch
-        std::uint32_t epoch = 0;
-    };
-
     /// What the pool knows about one stream. Cache-line aligned so that two streams' locks never
     /// share a line.
     ///
     /// Invariants (under mutex):
-    ///   cached = sum over c of |classes[c]| * class_size(c) + spans[0].bytes() + spans[1].bytes()
+    ///   cached = the bytes of the blocks in classes + spans[small].bytes() + spans[large].bytes()
     ///            + sum of recent[0, recent_count).size
     ///   every block in classes[], spans[] and recent[] was given back on this stream (or was idle
     ///   when taken: the rest of a large block's chunk, kept beside it by keep_tail)
-    ///   covered blocks: classes[c].blocks[0, classes[c].covered), recent[0, recent_covered), and all of spans[];
+    ///   covered blocks: those classes.covered() counts, recent[0, recent_covered), and all of spans[];
     ///   `event` was recorded on this stream after they were given back, so once it completes they
     ///   are idle. Only covered blocks leave the shard for another stream (except after the reclaim
     ///   synchronized the device). to_record == record_interval => every block is covered.
@@ -418,8 +399,7 @@ private:
         std::size_t credit = 0;
         std::size_t to_record;     ///< frees left before the next record: 1..record_interval
         std::size_t uncovered_bytes = 0; ///< bytes given back since the last record (< record_bytes)
-        std::uint32_t epoch = 0;   ///< records so far (wrapping: see cover())
-        std::array<class_list, detail::class_count> classes; ///< classes[c]: free blocks of class_size(c)
+        detail::class_lists classes; ///< free blocks per size class, and which of them are covered
         /// spans[block_kind::small]: class blocks merged (flush_classes); spans[block_kind::large]: blocks above small_threshold
         detail::per_kind<detail::free_set> spans;
         /// The large blocks given back most recently, oldest first, not yet merged into spans: a
@@ -516,12 +496,8 @@ private:
         std::size_t owed = 0;
         {
             std::lock_guard lock(sh.mutex);
-            const std::size_t c = r.size_class;
-            auto& list = sh.classes[c].blocks;
-            if (list.empty() || (r.alignment > granule && (list.back() & (r.alignment - 1)) != 0)) return nullptr;
-            address = list.back();
-            list.pop_back();
-            if (sh.classes[c].covered > list.size()) sh.classes[c].covered = static_cast<std::uint32_t>(list.size());
+            address = sh.classes.pop(r.size_class, r.alignment);
+            if (address == 0) return nullptr;
             sh.cached -= r.size;
             ++sh.counts.allocations;
             sh.counts.block_bytes += static_cast<std::int64_t>(r.size);
@@ -535,20 +511,12 @@ private:
     /// shard holds.
     void cover(shard& sh, stream_type stream) noexcept {
         record_noexcept(sh, stream);
-        if (++sh.epoch == 0) { // wrapped: no class may keep an epoch equal to the new one
-            for (auto& cl : sh.classes) cl.epoch = 0;
-            sh.epoch = 1;
-        }
+        sh.classes.on_record();
         sh.recent_covered = sh.recent_count;
         sh.to_record = options_.record_interval;
         sh.uncovered_bytes = 0;
     }
 
-    /// How many of class c's blocks in `sh` are covered (its lock held).
-    static std::size_t covered_blocks(const shard& sh, std::size_t c) noexcept {
-        const class_list& cl = sh.classes[c];
-        return cl.epoch == sh.epoch ? std::min<std::size_t>(cl.covered, cl.blocks.size()) : cl.blocks.size();
-    }
     /// Some block was given back since the last record (its lock held).
     bool dirty(const shard& sh) const noexcept { return sh.to_record != options_.record_interval; }
 
@@ -752,15 +720,10 @@ private:
             if (&other == &self) continue;
             std::lock_guard lock(other.mutex);
             if (other.cached == 0) continue;
-            const std::size_t covered = small ? covered_blocks(other, c) : 0;
-            if (covered != 0) {
-                auto& list = other.classes[c].blocks;
-                const auto k = static_cast<std::ptrdiff_t>(covered - 1); // the newest covered block
-                if (alignment <= granule || (list[static_cast<std::size_t>(k)] & (alignment - 1)) == 0) {
+            if (small) {
+                if (const std::uintptr_t a = other.classes.take_newest_covered(c, alignment)) {
                     platform_type::wait(stream, other.event);
-                    result = reinterpret_cast<void*>(list[static_cast<std::size_t>(k)]);
-                    list.erase(list.begin() + k);
-                    if (other.classes[c].epoch == other.epoch) --other.classes[c].covered;
+                    result = reinterpret_cast<void*>(a);
                     other.cached -= size;
                 }
             }
@@ -846,19 +809,14 @@ private:
         std::size_t recent = 0;
         for (std::size_t i = 0; i < sh.recent_count; ++i) recent += sh.recent[i].size;
         if (sh.cached - sh.spans[block_kind::small].bytes() - sh.spans[block_kind::large].bytes() - recent < threshold) return false;
-        std::size_t count = 0;
-        for (const auto& cl : sh.classes) count += cl.blocks.size();
+        const std::size_t count = sh.classes.count(false);
         if (count == 0) return false;
         // Sorted by address, blocks cut one after another from a span (a request's KV pages)
         // form runs that go into the tree as one block: one insert per run, not per block.
         std::vector<detail::free_block> blocks;
         blocks.reserve(count); // may throw: nothing has moved yet
         if (dirty(sh)) cover(sh, stream);
-        for (std::size_t c = 0; c < detail::class_count; ++c) {
-            for (std::uintptr_t a : sh.classes[c].blocks) blocks.push_back({a, detail::class_size(c), 0});
-            sh.classes[c].blocks.clear();
-            sh.classes[c].covered = 0;
-        }
+        sh.classes.take(false, [&](std::uintptr_t a, std::size_t size) { blocks.push_back({a, size, 0}); });
         std::shared_lock chunks_lock(chunks_mutex_);
         sh.cached -= insert_runs(blocks, sh.spans);
         return true;
@@ -900,18 +858,10 @@ private:
         std::vector<detail::free_block> blocks;
         const std::size_t recent = covered_only ? sh.recent_covered : sh.recent_count;
         std::size_t count = sh.spans[block_kind::small].count() + sh.spans[block_kind::large].count() + recent;
-        for (std::size_t c = 0; c < detail::class_count; ++c) {
-            count += covered_only ? covered_blocks(sh, c) : sh.classes[c].blocks.size();
-        }
+        count += sh.classes.count(covered_only);
         blocks.reserve(count);
-        for (std::size_t c = 0; c < detail::class_count; ++c) {
-            auto& list = sh.classes[c].blocks;
-            const std::size_t k = covered_only ? covered_blocks(sh, c) : list.size();
-            for (std::size_t i = 0; i < k; ++i) blocks.push_back({list[i], detail::class_size(c), 0}); // chunk: looked up later
-            list.erase(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(k));
-            sh.classes[c].covered = 0; // those left, if any, came after the last record
-            sh.classes[c].epoch = sh.epoch;
-        }
+        // chunk: looked up later; the blocks left, if any, came after the last record
+        sh.classes.take(covered_only, [&](std::uintptr_t a, std::size_t size) { blocks.push_back({a, size, 0}); });
         for (std::size_t i = 0; i < recent; ++i) blocks.push_back(sh.recent[i]);
         std::move(sh.recent.begin() + static_cast<std::ptrdiff_t>(recent),
                   sh.recent.begin() + static_cast<std::ptrdiff_t>(sh.recent_count), sh.recent.begin());
