@@ -31,6 +31,7 @@
 #include <custody/pool/detail/class_lists.hpp>
 #include <custody/pool/detail/event_pool.hpp>
 #include <custody/pool/detail/free_set.hpp>
+#include <custody/pool/detail/recent_blocks.hpp>
 #include <custody/pool/detail/request.hpp>
 #include <custody/pool/detail/size_classes.hpp>
 #include <custody/pool/detail/spin_mutex.hpp>
@@ -250,7 +251,7 @@ public:
                 if (r.small()) {
                     sh->classes.push(r.size_class, address);
                 } else {
-                    keep_recent(*sh, stream, {address, r.size, 0}); // its chunk is looked up when it leaves recent[]
+                    keep_recent(*sh, stream, {address, r.size, 0}); // its chunk is looked up when it leaves recent
                 }
                 stored = true;
                 sh->cached += r.size;
@@ -297,9 +298,7 @@ public:
             p.per_stream.push_back({sh.key, sh.cached});
             p.stream_cached_bytes += sh.cached;
             for (const auto& set : sh.spans) p.largest_free_block = std::max(p.largest_free_block, set.largest());
-            for (std::size_t i = 0; i < sh.recent_count; ++i) {
-                p.largest_free_block = std::max(p.largest_free_block, sh.recent[i].size);
-            }
+            p.largest_free_block = std::max(p.largest_free_block, sh.recent.largest());
             p.largest_free_block = std::max(p.largest_free_block, sh.classes.largest());
         });
         {
@@ -378,10 +377,10 @@ private:
     ///
     /// Invariants (under mutex):
     ///   cached = the bytes of the blocks in classes + spans[small].bytes() + spans[large].bytes()
-    ///            + sum of recent[0, recent_count).size
-    ///   every block in classes[], spans[] and recent[] was given back on this stream (or was idle
+    ///            + recent.bytes()
+    ///   every block in classes, spans and recent was given back on this stream (or was idle
     ///   when taken: the rest of a large block's chunk, kept beside it by keep_tail)
-    ///   covered blocks: those classes.covered() counts, recent[0, recent_covered), and all of spans[];
+    ///   covered blocks: those classes.covered() and recent.covered() count, and all of spans[];
     ///   `event` was recorded on this stream after they were given back, so once it completes they
     ///   are idle. Only covered blocks leave the shard for another stream (except after the reclaim
     ///   synchronized the device). to_record == record_interval => every block is covered.
@@ -402,12 +401,7 @@ private:
         detail::class_lists classes; ///< free blocks per size class, and which of them are covered
         /// spans[block_kind::small]: class blocks merged (flush_classes); spans[block_kind::large]: blocks above small_threshold
         detail::per_kind<detail::free_set> spans;
-        /// The large blocks given back most recently, oldest first, not yet merged into spans: a
-        /// large block freed and asked for again at the same size (an MLP activation from one
-        /// layer to the next) comes back in O(1), without touching the trees.
-        std::array<detail::free_block, 4> recent{};
-        std::size_t recent_count = 0; ///< recent_count <= recent.size()
-        std::size_t recent_covered = 0; ///< recent_covered <= recent_count
+        detail::recent_blocks recent; ///< the large blocks given back most recently
     };
 
     /// The pool-wide counters with the call counts `c` summed over the shards.
@@ -512,7 +506,7 @@ private:
     void cover(shard& sh, stream_type stream) noexcept {
         record_noexcept(sh, stream);
         sh.classes.on_record();
-        sh.recent_covered = sh.recent_count;
+        sh.recent.cover();
         sh.to_record = options_.record_interval;
         sh.uncovered_bytes = 0;
     }
@@ -584,9 +578,9 @@ private:
         //     For a large request, the recent large blocks merge into the spans the same way.
         if (!small && sh != nullptr) {
             std::lock_guard lock(sh->mutex);
-            if (sh->recent_count != 0) {
-                if (sh->recent_covered < sh->recent_count) cover(*sh, stream);
-                merge_recent(*sh, sh->recent_count);
+            if (!sh->recent.empty()) {
+                if (!sh->recent.all_covered()) cover(*sh, stream);
+                merge_recent(*sh, sh->recent.size());
                 const detail::free_block b = sh->spans[block_kind::large].take(size, alignment);
                 if (b.size != 0) {
                     sh->cached -= b.size;
@@ -614,9 +608,9 @@ private:
         //    ... and so do this stream's spans of the other kind, without waiting for anything.
         if (sh != nullptr) {
             std::lock_guard lock(sh->mutex);
-            if (sh->recent_count != 0) {
-                if (sh->recent_covered < sh->recent_count) cover(*sh, stream);
-                merge_recent(*sh, sh->recent_count);
+            if (!sh->recent.empty()) {
+                if (!sh->recent.all_covered()) cover(*sh, stream);
+                merge_recent(*sh, sh->recent.size());
             }
             const detail::free_block b = sh->spans[other(kind)].take(size, alignment);
             if (b.size != 0) {
@@ -728,8 +722,8 @@ private:
                 }
             }
             const block_kind kind = r.kind;
-            if (result == nullptr && !small && other.recent_covered != 0) {
-                merge_recent(other, other.recent_covered);
+            if (result == nullptr && !small && other.recent.covered() != 0) {
+                merge_recent(other, other.recent.covered());
             }
             if (result == nullptr && other.spans[kind].fits(size, alignment)) {
                 platform_type::wait(stream, other.event);
@@ -746,18 +740,16 @@ private:
     /// held); the oldest recent block moves to the spans when there is no room (after a record,
     /// when it is not yet covered). Throws bad_alloc (from the spans) with the shard unchanged.
     void keep_recent(shard& sh, stream_type stream, const detail::free_block& b) {
-        if (sh.recent_count == sh.recent.size()) {
-            if (sh.recent_covered == 0) cover(sh, stream);
-            const detail::free_block oldest = located(sh.recent[0]);
+        if (sh.recent.full()) {
+            if (sh.recent.covered() == 0) cover(sh, stream);
+            const detail::free_block oldest = located(sh.recent.oldest());
             sh.spans[oldest.kind].insert(oldest);
-            std::move(sh.recent.begin() + 1, sh.recent.end(), sh.recent.begin());
-            --sh.recent_count;
-            --sh.recent_covered;
+            sh.recent.pop_oldest();
         }
-        sh.recent[sh.recent_count++] = b;
+        sh.recent.push(b);
     }
 
-    /// `b` with its chunk and kind filled in (a recent block carries none until it leaves recent[]).
+    /// `b` with its chunk and kind filled in (a recent block carries none until it leaves recent).
     detail::free_block located(detail::free_block b) const noexcept {
         if (b.chunk == 0) {
             const chunk_ref where = chunk_of(b.address);
@@ -769,33 +761,20 @@ private:
 
     /// Takes a recent block of exactly `size` bytes suitably aligned, newest first (lock held).
     void* take_recent(shard& sh, std::size_t size, std::size_t alignment) noexcept {
-        for (std::size_t i = sh.recent_count; i-- > 0;) {
-            const detail::free_block& b = sh.recent[i];
-            if (b.size == size && (b.address & (alignment - 1)) == 0) {
-                const std::uintptr_t address = b.address;
-                std::move(sh.recent.begin() + static_cast<std::ptrdiff_t>(i) + 1,
-                          sh.recent.begin() + static_cast<std::ptrdiff_t>(sh.recent_count),
-                          sh.recent.begin() + static_cast<std::ptrdiff_t>(i));
-                --sh.recent_count;
-                if (i < sh.recent_covered) --sh.recent_covered;
-                sh.cached -= size;
-                return reinterpret_cast<void*>(address);
-            }
-        }
-        return nullptr;
+        const std::uintptr_t address = sh.recent.take_exact(size, alignment);
+        if (address == 0) return nullptr;
+        sh.cached -= size;
+        return reinterpret_cast<void*>(address);
     }
 
-    /// Moves the `count` oldest recent blocks (covered ones: count <= recent_covered) into the
+    /// Moves the `count` oldest recent blocks (covered ones: count <= recent.covered()) into the
     /// spans, coalescing (lock held). A bad_alloc leaves the blocks not yet moved among the recent.
     void merge_recent(shard& sh, std::size_t count) noexcept {
         try {
             for (; count != 0; --count) {
-                const detail::free_block b = located(sh.recent[0]);
+                const detail::free_block b = located(sh.recent.oldest());
                 sh.spans[b.kind].insert(b);
-                std::move(sh.recent.begin() + 1, sh.recent.begin() + static_cast<std::ptrdiff_t>(sh.recent_count),
-                          sh.recent.begin());
-                --sh.recent_count;
-                --sh.recent_covered;
+                sh.recent.pop_oldest();
             }
         } catch (...) {
         }
@@ -806,9 +785,8 @@ private:
     /// covered blocks). True when any moved.
     bool flush_classes(shard& sh, stream_type stream, std::size_t threshold) {
         std::lock_guard lock(sh.mutex);
-        std::size_t recent = 0;
-        for (std::size_t i = 0; i < sh.recent_count; ++i) recent += sh.recent[i].size;
-        if (sh.cached - sh.spans[block_kind::small].bytes() - sh.spans[block_kind::large].bytes() - recent < threshold) return false;
+        const std::size_t in_spans = sh.spans[block_kind::small].bytes() + sh.spans[block_kind::large].bytes();
+        if (sh.cached - in_spans - sh.recent.bytes() < threshold) return false;
         const std::size_t count = sh.classes.count(false);
         if (count == 0) return false;
         // Sorted by address, blocks cut one after another from a span (a request's KV pages)
@@ -856,17 +834,13 @@ private:
     /// Strong: throws bad_alloc before taking anything.
     std::vector<detail::free_block> take_blocks(shard& sh, bool covered_only) {
         std::vector<detail::free_block> blocks;
-        const std::size_t recent = covered_only ? sh.recent_covered : sh.recent_count;
+        const std::size_t recent = covered_only ? sh.recent.covered() : sh.recent.size();
         std::size_t count = sh.spans[block_kind::small].count() + sh.spans[block_kind::large].count() + recent;
         count += sh.classes.count(covered_only);
         blocks.reserve(count);
         // chunk: looked up later; the blocks left, if any, came after the last record
         sh.classes.take(covered_only, [&](std::uintptr_t a, std::size_t size) { blocks.push_back({a, size, 0}); });
-        for (std::size_t i = 0; i < recent; ++i) blocks.push_back(sh.recent[i]);
-        std::move(sh.recent.begin() + static_cast<std::ptrdiff_t>(recent),
-                  sh.recent.begin() + static_cast<std::ptrdiff_t>(sh.recent_count), sh.recent.begin());
-        sh.recent_count -= recent;
-        sh.recent_covered = 0;
+        sh.recent.take_oldest(recent, [&](const detail::free_block& b) { blocks.push_back(b); });
         for (block_kind kind : detail::block_kinds) {
             sh.spans[kind].drain([&](detail::free_block b) {
                 b.kind = kind;
