@@ -28,6 +28,7 @@
 #include <custody/core/statistics.hpp>
 #include <custody/pool/capture_error.hpp>
 #include <custody/pool/detail/block_kind.hpp>
+#include <custody/pool/detail/chunk_map.hpp>
 #include <custody/pool/detail/class_lists.hpp>
 #include <custody/pool/detail/event_pool.hpp>
 #include <custody/pool/detail/free_set.hpp>
@@ -188,9 +189,9 @@ public:
             report_failure(std::string_view(line, len > 0 ? static_cast<std::size_t>(len) : 0U));
         }
         std::lock_guard lock(shared_mutex_);
-        for (const auto& [base, info] : chunks_) {
-            upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), info.size, chunk_alignment);
-        }
+        chunks_.for_each([&](std::uintptr_t base, std::size_t size) {
+            upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), size, chunk_alignment);
+        });
         for (std::size_t i = 0; i < n; ++i) {
             std::unique_ptr<shard> owned(shards_[i].load(std::memory_order_relaxed));
             events_.release(std::move(owned->event));
@@ -307,15 +308,15 @@ public:
                 p.shared_free_bytes += set.bytes();
                 p.largest_free_block = std::max(p.largest_free_block, set.largest());
             }
-            p.chunks = chunks_.size();
+            p.chunks = chunks_.count();
             p.quarantined_bytes = quarantined_bytes_.load(std::memory_order_relaxed);
         }
         p.totals = totals(c);
         p.live_block_bytes = static_cast<std::size_t>(c.block_bytes);
         p.streams = shard_count_.load(std::memory_order_acquire);
         p.fast_allocations = c.allocations - slow_allocations_.load(std::memory_order_relaxed);
-        p.upstream_allocations = upstream_allocations_.load(std::memory_order_relaxed);
-        p.upstream_deallocations = upstream_deallocations_.load(std::memory_order_relaxed);
+        p.upstream_allocations = chunks_.added();
+        p.upstream_deallocations = chunks_.removed();
         p.opportunistic_reuses = opportunistic_reuses_.load(std::memory_order_relaxed);
         p.dependency_waits = dependency_waits_.load(std::memory_order_relaxed);
         p.reclaims = reclaims_.load(std::memory_order_relaxed);
@@ -343,17 +344,6 @@ public:
 
 private:
     using block_kind = detail::block_kind;
-
-    /// An upstream chunk: its size and which kind of block it serves.
-    struct chunk_info {
-        std::size_t size;
-        block_kind kind;
-    };
-    /// Where a block lies: its chunk's base and kind.
-    struct chunk_ref {
-        std::uintptr_t base = 0;
-        block_kind kind = block_kind::large;
-    };
 
     /// Counters kept per shard under its lock (and once more, atomically, for the calls served
     /// without a shard). A block given back on another stream than its own makes a shard's byte
@@ -409,8 +399,8 @@ private:
         resource_statistics s;
         s.live_bytes = static_cast<std::size_t>(std::max<std::int64_t>(c.live_bytes, 0));
         s.peak_live_bytes = std::max(peak_live_bytes_.load(std::memory_order_relaxed), s.live_bytes);
-        s.reserved_bytes = reserved_bytes_.load(std::memory_order_relaxed);
-        s.peak_reserved_bytes = peak_reserved_bytes_.load(std::memory_order_relaxed);
+        s.reserved_bytes = chunks_.reserved();
+        s.peak_reserved_bytes = chunks_.peak_reserved();
         s.allocations = c.allocations;
         s.deallocations = c.deallocations;
         s.live_allocations = static_cast<std::size_t>(c.allocations - c.deallocations);
@@ -567,7 +557,7 @@ private:
         //     blocks' chunks (take_tail), and a long-lived small block there would keep the chunk
         //     from serving its large request again, making the large kind grow.
         if (small && sh != nullptr &&
-            flush_classes(*sh, stream, std::max(size, reserved_bytes_.load(std::memory_order_relaxed) / 128))) {
+            flush_classes(*sh, stream, std::max(size, chunks_.reserved() / 128))) {
             std::lock_guard lock(sh->mutex);
             const detail::free_block b = sh->spans[block_kind::small].take(size, alignment);
             if (b.size != 0) {
@@ -742,21 +732,11 @@ private:
     void keep_recent(shard& sh, stream_type stream, const detail::free_block& b) {
         if (sh.recent.full()) {
             if (sh.recent.covered() == 0) cover(sh, stream);
-            const detail::free_block oldest = located(sh.recent.oldest());
+            const detail::free_block oldest = chunks_.locate(sh.recent.oldest());
             sh.spans[oldest.kind].insert(oldest);
             sh.recent.pop_oldest();
         }
         sh.recent.push(b);
-    }
-
-    /// `b` with its chunk and kind filled in (a recent block carries none until it leaves recent).
-    detail::free_block located(detail::free_block b) const noexcept {
-        if (b.chunk == 0) {
-            const chunk_ref where = chunk_of(b.address);
-            b.chunk = where.base;
-            b.kind = where.kind;
-        }
-        return b;
     }
 
     /// Takes a recent block of exactly `size` bytes suitably aligned, newest first (lock held).
@@ -772,7 +752,7 @@ private:
     void merge_recent(shard& sh, std::size_t count) noexcept {
         try {
             for (; count != 0; --count) {
-                const detail::free_block b = located(sh.recent.oldest());
+                const detail::free_block b = chunks_.locate(sh.recent.oldest());
                 sh.spans[b.kind].insert(b);
                 sh.recent.pop_oldest();
             }
@@ -795,39 +775,8 @@ private:
         blocks.reserve(count); // may throw: nothing has moved yet
         if (dirty(sh)) cover(sh, stream);
         sh.classes.take(false, [&](std::uintptr_t a, std::size_t size) { blocks.push_back({a, size, 0}); });
-        std::shared_lock chunks_lock(chunks_mutex_);
-        sh.cached -= insert_runs(blocks, sh.spans);
+        sh.cached -= chunks_.insert_runs(blocks, sh.spans, [&](std::size_t size) { lose(size); });
         return true;
-    }
-
-    /// Inserts `blocks` into `sets` (each into its chunk's kind), sorted by address so that each
-    /// run of adjacent blocks of one chunk goes in as one block: one tree insert and one chunk
-    /// lookup per run. The caller holds a lock that keeps chunks_ stable. Returns the bytes that
-    /// could not be stored (no host memory for a node): they are counted lost.
-    std::size_t insert_runs(std::vector<detail::free_block>& blocks, detail::per_kind<detail::free_set>& sets) noexcept {
-        std::sort(blocks.begin(), blocks.end(), [](const auto& x, const auto& y) { return x.address < y.address; });
-        std::size_t lost = 0;
-        std::uintptr_t chunk_end = 0;
-        chunk_ref where;
-        for (std::size_t i = 0; i < blocks.size();) {
-            detail::free_block run = blocks[i++];
-            if (run.address >= chunk_end || run.address < where.base) {
-                auto it = std::prev(chunks_.upper_bound(run.address));
-                where = {it->first, it->second.kind};
-                chunk_end = it->first + it->second.size;
-            }
-            while (i < blocks.size() && blocks[i].address == run.address + run.size && blocks[i].address < chunk_end) {
-                run.size += blocks[i++].size;
-            }
-            run.chunk = where.base;
-            try {
-                sets[where.kind].insert(run);
-            } catch (...) {
-                lost += run.size;
-                lose(run.size);
-            }
-        }
-        return lost;
     }
 
     /// Takes a shard's blocks (its lock held) into a list: the covered ones, or all of them.
@@ -859,7 +808,7 @@ private:
     /// memory for a node) is reported and counted lost.
     void to_shared(std::vector<detail::free_block> blocks) noexcept {
         std::lock_guard lock(shared_mutex_);
-        insert_runs(blocks, shared_);
+        chunks_.insert_runs(blocks, shared_, [&](std::size_t size) { lose(size); });
     }
 
     /// Moves every stream's cache to the shared set once its blocks are idle: a stream whose
@@ -907,7 +856,7 @@ private:
     // ---- growth (shared_mutex_ held) ----
 
     [[nodiscard]] bool within_limits(std::size_t n) const {
-        const std::size_t reserved = reserved_bytes_.load(std::memory_order_relaxed);
+        const std::size_t reserved = chunks_.reserved();
         if (n > options_.maximum_size || reserved > options_.maximum_size - n) return false;
         if (options_.memory_info != nullptr) {
             if (const auto info = options_.memory_info(device_)) {
@@ -929,7 +878,7 @@ private:
     bool grow(block_kind kind, std::size_t size) {
         std::size_t preferred = options_.growth_step;
         if (options_.growth_divisor != 0) {
-            const std::size_t share = reserved_bytes_.load(std::memory_order_relaxed) / options_.growth_divisor;
+            const std::size_t share = chunks_.reserved() / options_.growth_divisor;
             preferred = std::max(preferred, share >= chunk_rounding ? share - share % chunk_rounding : align_up(share, granule));
         }
         if (size > preferred) preferred = align_up(size, chunk_rounding);
@@ -943,60 +892,31 @@ private:
         if (p == nullptr) return false;
         const auto base = reinterpret_cast<std::uintptr_t>(p);
         try {
-            {
-                std::unique_lock chunks_lock(chunks_mutex_);
-                chunks_.emplace(base, chunk_info{n, kind});
-            }
+            chunks_.add(base, n, kind);
             try {
-                shared_[kind].insert({base, n, base});
+                shared_[kind].insert({base, n, base, kind});
             } catch (...) {
-                std::unique_lock chunks_lock(chunks_mutex_);
-                chunks_.erase(base);
+                chunks_.remove(base);
                 throw;
             }
         } catch (...) {
             upstream_.deallocate(stream_type{}, p, n, chunk_alignment);
             throw;
         }
-        upstream_allocations_.fetch_add(1, std::memory_order_relaxed);
-        const std::size_t reserved = reserved_bytes_.fetch_add(n, std::memory_order_relaxed) + n;
-        custody::detail::raise_peak(peak_reserved_bytes_, reserved);
         return true;
     }
 
     std::size_t release_free_chunks() noexcept {
         std::size_t released = 0;
         for (auto& set : shared_) {
-            const auto whole = [&](std::uintptr_t address, std::size_t size) {
-                auto c = chunks_.find(address);
-                return c != chunks_.end() && c->second.size == size;
-            };
+            const auto whole = [&](std::uintptr_t address, std::size_t size) { return chunks_.is_whole(address, size); };
             set.take_whole_chunks(whole, [&](const detail::free_block& b) {
-                {
-                    std::unique_lock chunks_lock(chunks_mutex_);
-                    chunks_.erase(b.address);
-                }
+                chunks_.remove(b.address);
                 upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(b.address), b.size, chunk_alignment);
-                reserved_bytes_.fetch_sub(b.size, std::memory_order_relaxed);
-                upstream_deallocations_.fetch_add(1, std::memory_order_relaxed);
                 released += b.size;
             });
         }
         return released;
-    }
-
-    // ---- chunks ----
-
-    /// The base of the chunk holding `address` (a block of this pool).
-    chunk_ref chunk_of(std::uintptr_t address) const noexcept {
-        std::shared_lock lock(chunks_mutex_);
-        return chunk_of_locked(address);
-    }
-    chunk_ref chunk_of_locked(std::uintptr_t address) const noexcept {
-        auto it = chunks_.upper_bound(address);
-        if (it == chunks_.begin()) return {};
-        --it;
-        return {it->first, it->second.kind};
     }
 
     // ---- odd frees ----
@@ -1017,8 +937,8 @@ private:
         }
         std::lock_guard lock(shared_mutex_);
         try {
-            const chunk_ref where = chunk_of_locked(address);
-            shared_[where.kind].insert({address, size, where.base});
+            const detail::free_block b = chunks_.locate({address, size, 0});
+            shared_[b.kind].insert(b);
         } catch (...) {
             lose(size);
         }
@@ -1141,8 +1061,8 @@ private:
     }
 
     // ---- fields ----
-    // Lock order: a shard's mutex, then chunks_mutex_ (shared); shared_mutex_, then chunks_mutex_
-    // (unique); peak_mutex_, then a shard's mutex. A shard's mutex and shared_mutex_ are never
+    // Lock order: a shard's mutex, then the chunk map's; shared_mutex_, then the chunk map's;
+    // peak_mutex_, then a shard's mutex. A shard's mutex and shared_mutex_ are never
     // held together, nor is peak_mutex_ taken while a shard's mutex is held.
 
     Upstream upstream_;
@@ -1159,25 +1079,19 @@ private:
 
     mutable std::mutex shared_mutex_;
     detail::per_kind<detail::free_set> shared_;         // [block_kind::small], [block_kind::large]; guarded by shared_mutex_
-    std::map<std::uintptr_t, chunk_info> chunks_;     // base -> chunk; written under both locks below
-    mutable std::shared_mutex chunks_mutex_;
+    detail::chunk_map chunks_;                        // what was taken from the upstream
     std::atomic<std::size_t> quarantined_bytes_{0};   // blocks never reused again (capture, lost)
 
-    // reserved_bytes_ = sum of chunks_ sizes
-    //                 = live block bytes + per-stream cached + shared_[*].bytes() + quarantined_bytes_
+    // chunks_.reserved() = live block bytes + per-stream cached + shared_[*].bytes() + quarantined_bytes_
     // committed_ = live bytes + sum of the shards' credits <= peak_live_bytes_ (see charge()); the
     // live bytes are the shards' counts.live_bytes plus slow_live_bytes_.
     alignas(64) std::atomic<std::size_t> committed_{0};
     std::atomic<std::size_t> peak_live_bytes_{0};
     detail::spin_mutex peak_mutex_; // serializes raising the peak; taken before a shard's lock
-    alignas(64) std::atomic<std::size_t> reserved_bytes_{0};
-    std::atomic<std::size_t> peak_reserved_bytes_{0};
     std::atomic<std::uint64_t> slow_allocations_{0};
     std::atomic<std::uint64_t> slow_deallocations_{0};
     std::atomic<std::int64_t> slow_block_bytes_{0};
     std::atomic<std::int64_t> slow_live_bytes_{0};
-    std::atomic<std::uint64_t> upstream_allocations_{0};
-    std::atomic<std::uint64_t> upstream_deallocations_{0};
     std::atomic<std::uint64_t> opportunistic_reuses_{0};
     std::atomic<std::uint64_t> dependency_waits_{0};
     std::atomic<std::uint64_t> reclaims_{0};
