@@ -33,6 +33,7 @@
 #include <custody/pool/detail/event_pool.hpp>
 #include <custody/pool/detail/free_set.hpp>
 #include <custody/pool/detail/recent_blocks.hpp>
+#include <custody/pool/detail/shard.hpp>
 #include <custody/pool/detail/request.hpp>
 #include <custody/pool/detail/size_classes.hpp>
 #include <custody/pool/detail/spin_mutex.hpp>
@@ -98,7 +99,7 @@ namespace custody::pool {
 /// **Thread safety.** Thread-safe. The common path (a size-class hit, and every deallocate) takes
 /// only the calling stream's shard lock (a spin lock), found without locking in a fixed table; two
 /// threads on two streams never share a lock there, nor write a shared cache line: live bytes are
-/// counted per stream, and the exact peak is kept with per-stream credits (see charge()). The
+/// counted per stream, and the exact peak is kept with per-stream credits (see detail/peak_counter.hpp). The
 /// slow paths take the shared set's mutex.
 ///
 /// **Ownership.** Owns its chunks and events. Blocks still out when the pool is destroyed are
@@ -165,7 +166,7 @@ public:
         bool uncovered = false;
         for (std::size_t i = 0; i < n; ++i) {
             shard& sh = *shards_[i].load(std::memory_order_acquire);
-            uncovered = uncovered || dirty(sh);
+            uncovered = uncovered || sh.dirty(options_.record_interval);
             try {
                 sh.event.synchronize();
             } catch (...) {
@@ -255,16 +256,10 @@ public:
                     keep_recent(*sh, stream, {address, r.size, 0}); // its chunk is looked up when it leaves recent
                 }
                 stored = true;
-                sh->cached += r.size;
             } catch (...) {
             }
-            if (stored) {
-                sh->uncovered_bytes += r.size;
-                if (--sh->to_record == 0 || sh->uncovered_bytes >= options_.record_bytes) [[unlikely]] cover(*sh, stream);
-            }
-            ++sh->counts.deallocations;
-            sh->counts.block_bytes -= static_cast<std::int64_t>(r.size);
-            discharge(*sh, r.bytes);
+            if (stored && sh->stored(r.size, options_.record_bytes)) [[unlikely]] cover(*sh, stream);
+            sh->on_deallocated(r);
         }
         if (!stored) lose(r.size);
     }
@@ -281,7 +276,7 @@ public:
     /// Counters of the whole pool. Exact when no call is in flight; O(streams) (each shard's
     /// lock is taken briefly to read its counters).
     [[nodiscard]] resource_statistics statistics() const {
-        counters c = slow_counts();
+        counters c = slow_.load();
         for_each_shard([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
             c += sh.counts;
@@ -292,15 +287,13 @@ public:
     /// Everything statistics() says and where the free memory is (see pool_statistics).
     [[nodiscard]] pool_statistics detailed_statistics() const {
         pool_statistics p;
-        counters c = slow_counts();
+        counters c = slow_.load();
         for_each_shard([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
             c += sh.counts;
             p.per_stream.push_back({sh.key, sh.cached});
             p.stream_cached_bytes += sh.cached;
-            for (const auto& set : sh.spans) p.largest_free_block = std::max(p.largest_free_block, set.largest());
-            p.largest_free_block = std::max(p.largest_free_block, sh.recent.largest());
-            p.largest_free_block = std::max(p.largest_free_block, sh.classes.largest());
+            p.largest_free_block = std::max(p.largest_free_block, sh.largest());
         });
         {
             std::lock_guard lock(shared_mutex_);
@@ -314,13 +307,13 @@ public:
         p.totals = totals(c);
         p.live_block_bytes = static_cast<std::size_t>(c.block_bytes);
         p.streams = shard_count_.load(std::memory_order_acquire);
-        p.fast_allocations = c.allocations - slow_allocations_.load(std::memory_order_relaxed);
+        p.fast_allocations = c.allocations - slow_.allocations();
         p.upstream_allocations = chunks_.added();
         p.upstream_deallocations = chunks_.removed();
-        p.opportunistic_reuses = opportunistic_reuses_.load(std::memory_order_relaxed);
-        p.dependency_waits = dependency_waits_.load(std::memory_order_relaxed);
-        p.reclaims = reclaims_.load(std::memory_order_relaxed);
-        p.failures = failures_.load(std::memory_order_relaxed);
+        p.opportunistic_reuses = activity_.opportunistic_reuses.load(std::memory_order_relaxed);
+        p.dependency_waits = activity_.dependency_waits.load(std::memory_order_relaxed);
+        p.reclaims = activity_.reclaims.load(std::memory_order_relaxed);
+        p.failures = activity_.failures.load(std::memory_order_relaxed);
         return p;
     }
 
@@ -345,60 +338,14 @@ public:
 private:
     using block_kind = detail::block_kind;
 
-    /// Counters kept per shard under its lock (and once more, atomically, for the calls served
-    /// without a shard). A block given back on another stream than its own makes a shard's byte
-    /// counts negative; their sums over the shards are the pool's.
-    struct counters {
-        std::uint64_t allocations = 0;
-        std::uint64_t deallocations = 0;
-        std::int64_t block_bytes = 0; ///< rounded bytes handed out minus given back
-        std::int64_t live_bytes = 0;  ///< requested bytes handed out minus given back
-        counters& operator+=(const counters& o) noexcept {
-            allocations += o.allocations;
-            deallocations += o.deallocations;
-            block_bytes += o.block_bytes;
-            live_bytes += o.live_bytes;
-            return *this;
-        }
-    };
-
-    /// What the pool knows about one stream. Cache-line aligned so that two streams' locks never
-    /// share a line.
-    ///
-    /// Invariants (under mutex):
-    ///   cached = the bytes of the blocks in classes + spans[small].bytes() + spans[large].bytes()
-    ///            + recent.bytes()
-    ///   every block in classes, spans and recent was given back on this stream (or was idle
-    ///   when taken: the rest of a large block's chunk, kept beside it by keep_tail)
-    ///   covered blocks: those classes.covered() and recent.covered() count, and all of spans[];
-    ///   `event` was recorded on this stream after they were given back, so once it completes they
-    ///   are idle. Only covered blocks leave the shard for another stream (except after the reclaim
-    ///   synchronized the device). to_record == record_interval => every block is covered.
-    ///   credit <= peak live - live (summed over the shards: see committed_)
-    struct alignas(64) shard {
-        shard(std::uintptr_t k, event_type e, std::size_t record_interval)
-            : key(k), event(std::move(e)), to_record(record_interval) {}
-        const std::uintptr_t key;
-        mutable detail::spin_mutex mutex;
-        event_type event;
-        std::size_t cached = 0;
-        counters counts;
-        /// Live bytes this stream may add without touching the pool-wide count: bytes given back
-        /// on it that are still counted in committed_ (see charge()).
-        std::size_t credit = 0;
-        std::size_t to_record;     ///< frees left before the next record: 1..record_interval
-        std::size_t uncovered_bytes = 0; ///< bytes given back since the last record (< record_bytes)
-        detail::class_lists classes; ///< free blocks per size class, and which of them are covered
-        /// spans[block_kind::small]: class blocks merged (flush_classes); spans[block_kind::large]: blocks above small_threshold
-        detail::per_kind<detail::free_set> spans;
-        detail::recent_blocks recent; ///< the large blocks given back most recently
-    };
+    using counters = detail::counters;
+    using shard = detail::shard<event_type>;
 
     /// The pool-wide counters with the call counts `c` summed over the shards.
     [[nodiscard]] resource_statistics totals(const counters& c) const noexcept {
         resource_statistics s;
         s.live_bytes = static_cast<std::size_t>(std::max<std::int64_t>(c.live_bytes, 0));
-        s.peak_live_bytes = std::max(peak_live_bytes_.load(std::memory_order_relaxed), s.live_bytes);
+        s.peak_live_bytes = std::max(peak_.peak(), s.live_bytes);
         s.reserved_bytes = chunks_.reserved();
         s.peak_reserved_bytes = chunks_.peak_reserved();
         s.allocations = c.allocations;
@@ -483,9 +430,7 @@ private:
             address = sh.classes.pop(r.size_class, r.alignment);
             if (address == 0) return nullptr;
             sh.cached -= r.size;
-            ++sh.counts.allocations;
-            sh.counts.block_bytes += static_cast<std::int64_t>(r.size);
-            owed = charge(sh, r.bytes);
+            owed = sh.on_allocated(r);
         }
         if (owed != 0) [[unlikely]] commit(owed);
         return reinterpret_cast<void*>(address);
@@ -495,14 +440,9 @@ private:
     /// shard holds.
     void cover(shard& sh, stream_type stream) noexcept {
         record_noexcept(sh, stream);
-        sh.classes.on_record();
-        sh.recent.cover();
-        sh.to_record = options_.record_interval;
-        sh.uncovered_bytes = 0;
+        sh.on_recorded(options_.record_interval);
     }
 
-    /// Some block was given back since the last record (its lock held).
-    bool dirty(const shard& sh) const noexcept { return sh.to_record != options_.record_interval; }
 
     void record_noexcept(shard& sh, stream_type stream) noexcept {
         try {
@@ -609,7 +549,7 @@ private:
             }
         }
         // 5. Last resort: wait for every stream, coalesce everything, give free chunks back, retry once.
-        reclaims_.fetch_add(1, std::memory_order_relaxed);
+        activity_.count(activity_.reclaims);
         reclaim();
         {
             std::lock_guard lock(shared_mutex_);
@@ -621,7 +561,7 @@ private:
             }
             if (b.size != 0) return reinterpret_cast<void*>(b.address);
         }
-        failures_.fetch_add(1, std::memory_order_relaxed);
+        activity_.count(activity_.failures);
         throw_out_of_memory(bytes, alignment, {});
     }
 
@@ -685,7 +625,7 @@ private:
             }
             if (blocks.empty()) return;
             to_shared(std::move(blocks));
-            opportunistic_reuses_.fetch_add(1, std::memory_order_relaxed);
+            activity_.count(activity_.opportunistic_reuses);
             moved = true;
         });
         return moved;
@@ -721,7 +661,7 @@ private:
                 other.cached -= b.size;
                 result = reinterpret_cast<void*>(b.address);
             }
-            if (result != nullptr) dependency_waits_.fetch_add(1, std::memory_order_relaxed);
+            if (result != nullptr) activity_.count(activity_.dependency_waits);
         }
         return result;
     }
@@ -773,7 +713,7 @@ private:
         // form runs that go into the tree as one block: one insert per run, not per block.
         std::vector<detail::free_block> blocks;
         blocks.reserve(count); // may throw: nothing has moved yet
-        if (dirty(sh)) cover(sh, stream);
+        if (sh.dirty(options_.record_interval)) cover(sh, stream);
         sh.classes.take(false, [&](std::uintptr_t a, std::size_t size) { blocks.push_back({a, size, 0}); });
         sh.cached -= chunks_.insert_runs(blocks, sh.spans, [&](std::size_t size) { lose(size); });
         return true;
@@ -822,7 +762,7 @@ private:
             if (taken.size() == taken.capacity()) return; // a shard created during the reclaim
             std::lock_guard lock(sh.mutex);
             if (sh.cached == 0) return;
-            if (!dirty(sh)) {
+            if (!sh.dirty(options_.record_interval)) {
                 sh.event.synchronize();
             } else {
                 uncovered = true;
@@ -951,81 +891,30 @@ private:
 
     // ---- counters ----
 
-    // Live bytes and their exact peak, without a pool-wide write on the common path.
-    //
-    // Each shard counts the live bytes of its stream and holds a credit: bytes given back on it
-    // that stay counted in committed_. committed_ = live + every shard's credit, and committed_ <=
-    // the peak. An allocation that the calling shard's credit covers therefore cannot make a new
-    // peak: it only moves bytes from credit to live, under the lock the shard already holds. One
-    // that is not covered adds the rest to committed_, and while the sum stays at or below the
-    // peak nothing else is needed. Only above the peak are the other shards' credits taken back
-    // (each under its lock), which makes committed_ the live bytes exactly, and the peak is
-    // raised to it. In a steady state (a decode loop) live memory stays below the peak reached
-    // in the first steps, so threads on different streams share no cache line; as the pool warms
-    // up, each new peak costs a pass over the shards.
-
-    /// Adds `bytes` to a shard's live bytes (its lock held); returns what its credit did not cover.
-    static std::size_t charge(shard& sh, std::size_t bytes) noexcept {
-        sh.counts.live_bytes += static_cast<std::int64_t>(bytes);
-        if (sh.credit >= bytes) {
-            sh.credit -= bytes;
-            return 0;
-        }
-        const std::size_t owed = bytes - sh.credit;
-        sh.credit = 0;
-        return owed;
-    }
-    /// Takes `bytes` off a shard's live bytes and keeps them as its credit (its lock held).
-    static void discharge(shard& sh, std::size_t bytes) noexcept {
-        sh.counts.live_bytes -= static_cast<std::int64_t>(bytes);
-        sh.credit += bytes;
-    }
-    /// Adds live bytes no credit covered to committed_, raising the peak exactly when they make
-    /// one. Call with no shard lock held.
+    /// Adds live bytes no credit covered to the peak counter (see peak_counter). Call with no
+    /// shard lock held.
     void commit(std::size_t bytes) noexcept {
-        std::size_t seen = committed_.load(std::memory_order_relaxed);
-        while (seen + bytes <= peak_live_bytes_.load(std::memory_order_relaxed)) {
-            if (committed_.compare_exchange_weak(seen, seen + bytes, std::memory_order_relaxed)) return;
-        }
-        std::lock_guard peak_lock(peak_mutex_);
-        std::size_t now = committed_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-        const std::size_t n = shard_count_.load(std::memory_order_acquire);
-        for (std::size_t i = 0; i < n && now > peak_live_bytes_.load(std::memory_order_relaxed); ++i) {
-            shard& sh = *shards_[i].load(std::memory_order_acquire);
-            std::lock_guard lock(sh.mutex);
-            now = committed_.fetch_sub(sh.credit, std::memory_order_relaxed) - sh.credit;
-            sh.credit = 0;
-        }
-        custody::detail::raise_peak(peak_live_bytes_, now);
+        peak_.commit(bytes, [&](detail::peak_counter::reclaimer& reclaim) {
+            for_each_shard([&](shard& sh) {
+                if (!reclaim.wanted()) return;
+                std::lock_guard lock(sh.mutex);
+                reclaim.take(sh.credit);
+            });
+        });
     }
     void on_allocated_slow(shard* sh, const detail::request& r) noexcept {
-        const std::size_t bytes = r.bytes, size = r.size;
-        slow_allocations_.fetch_add(1, std::memory_order_relaxed);
-        slow_block_bytes_.fetch_add(static_cast<std::int64_t>(size), std::memory_order_relaxed);
-        std::size_t owed = bytes;
+        std::size_t owed = r.bytes;
         if (sh != nullptr) {
             std::lock_guard lock(sh->mutex);
-            owed = charge(*sh, bytes);
-        } else {
-            slow_live_bytes_.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+            owed = sh->charge(r.bytes);
         }
+        slow_.allocated(r.size, sh != nullptr ? 0 : r.bytes);
         if (owed != 0) commit(owed);
     }
     /// A block given back without a shard (a capturing stream, or one past max_streams).
     void on_deallocated_slow(const detail::request& r) noexcept {
-        const std::size_t bytes = r.bytes, size = r.size;
-        slow_deallocations_.fetch_add(1, std::memory_order_relaxed);
-        slow_block_bytes_.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
-        slow_live_bytes_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
-        committed_.fetch_sub(bytes, std::memory_order_relaxed);
-    }
-    counters slow_counts() const noexcept {
-        counters c;
-        c.allocations = slow_allocations_.load(std::memory_order_relaxed);
-        c.deallocations = slow_deallocations_.load(std::memory_order_relaxed);
-        c.block_bytes = slow_block_bytes_.load(std::memory_order_relaxed);
-        c.live_bytes = slow_live_bytes_.load(std::memory_order_relaxed);
-        return c;
+        slow_.deallocated(r.size, r.bytes);
+        peak_.release(r.bytes);
     }
 
     [[nodiscard]] std::size_t compute_request_limit() const noexcept {
@@ -1062,8 +951,8 @@ private:
 
     // ---- fields ----
     // Lock order: a shard's mutex, then the chunk map's; shared_mutex_, then the chunk map's;
-    // peak_mutex_, then a shard's mutex. A shard's mutex and shared_mutex_ are never
-    // held together, nor is peak_mutex_ taken while a shard's mutex is held.
+    // the peak counter's, then a shard's mutex. A shard's mutex and shared_mutex_ are never
+    // held together, nor is the peak counter's taken while a shard's mutex is held.
 
     Upstream upstream_;
     pool_options options_;
@@ -1083,19 +972,9 @@ private:
     std::atomic<std::size_t> quarantined_bytes_{0};   // blocks never reused again (capture, lost)
 
     // chunks_.reserved() = live block bytes + per-stream cached + shared_[*].bytes() + quarantined_bytes_
-    // committed_ = live bytes + sum of the shards' credits <= peak_live_bytes_ (see charge()); the
-    // live bytes are the shards' counts.live_bytes plus slow_live_bytes_.
-    alignas(64) std::atomic<std::size_t> committed_{0};
-    std::atomic<std::size_t> peak_live_bytes_{0};
-    detail::spin_mutex peak_mutex_; // serializes raising the peak; taken before a shard's lock
-    std::atomic<std::uint64_t> slow_allocations_{0};
-    std::atomic<std::uint64_t> slow_deallocations_{0};
-    std::atomic<std::int64_t> slow_block_bytes_{0};
-    std::atomic<std::int64_t> slow_live_bytes_{0};
-    std::atomic<std::uint64_t> opportunistic_reuses_{0};
-    std::atomic<std::uint64_t> dependency_waits_{0};
-    std::atomic<std::uint64_t> reclaims_{0};
-    std::atomic<std::uint64_t> failures_{0};
+    detail::peak_counter peak_;          // live bytes: the shards' counts.live_bytes + slow_'s
+    detail::atomic_counters slow_;       // the slow path's allocations, the frees without a shard
+    detail::activity_counters activity_;
 };
 
 } // namespace custody::pool
