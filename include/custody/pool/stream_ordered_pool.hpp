@@ -37,6 +37,7 @@
 #include <custody/pool/detail/request.hpp>
 #include <custody/pool/detail/size_classes.hpp>
 #include <custody/pool/detail/spin_mutex.hpp>
+#include <custody/pool/detail/stream_table.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/pool_statistics.hpp>
 
@@ -138,9 +139,7 @@ public:
     explicit stream_ordered_pool(pool_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), options_(validated(options)),
           device_(upstream_device()), events_(event_device(), options_.initial_events, options_.event_batch),
-          table_size_(std::bit_ceil(options_.max_streams * 2)),
-          table_(std::make_unique<std::atomic<shard*>[]>(table_size_)),
-          shards_(std::make_unique<std::atomic<shard*>[]>(options_.max_streams)),
+          streams_(options_.max_streams),
           request_limit_(compute_request_limit()) {
         if (options_.initial_size > 0) {
             std::lock_guard lock(shared_mutex_);
@@ -162,17 +161,15 @@ public:
     /// Waits for the work recorded on every stream's event, reports blocks still out, and gives
     /// every chunk back to the upstream.
     ~stream_ordered_pool() {
-        const std::size_t n = shard_count_.load(std::memory_order_acquire);
         bool uncovered = false;
-        for (std::size_t i = 0; i < n; ++i) {
-            shard& sh = *shards_[i].load(std::memory_order_acquire);
+        streams_.for_each([&](shard& sh) {
             uncovered = uncovered || sh.dirty(options_.record_interval);
             try {
                 sh.event.synchronize();
             } catch (...) {
                 report_failure("stream_ordered_pool: waiting for a stream's event failed at destruction");
             }
-        }
+        });
         if (uncovered) {
             try {
                 synchronize_devices();
@@ -193,10 +190,7 @@ public:
         chunks_.for_each([&](std::uintptr_t base, std::size_t size) {
             upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), size, chunk_alignment);
         });
-        for (std::size_t i = 0; i < n; ++i) {
-            std::unique_ptr<shard> owned(shards_[i].load(std::memory_order_relaxed));
-            events_.release(std::move(owned->event));
-        }
+        streams_.for_each([&](shard& sh) { events_.release(std::move(sh.event)); });
     }
 
     // ---- the resource contract --------------------------------------------------------------
@@ -277,7 +271,7 @@ public:
     /// lock is taken briefly to read its counters).
     [[nodiscard]] resource_statistics statistics() const {
         counters c = slow_.load();
-        for_each_shard([&](shard& sh) {
+        streams_.for_each([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
             c += sh.counts;
         });
@@ -288,7 +282,7 @@ public:
     [[nodiscard]] pool_statistics detailed_statistics() const {
         pool_statistics p;
         counters c = slow_.load();
-        for_each_shard([&](shard& sh) {
+        streams_.for_each([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
             c += sh.counts;
             p.per_stream.push_back({sh.key, sh.cached});
@@ -306,7 +300,7 @@ public:
         }
         p.totals = totals(c);
         p.live_block_bytes = static_cast<std::size_t>(c.block_bytes);
-        p.streams = shard_count_.load(std::memory_order_acquire);
+        p.streams = streams_.size();
         p.fast_allocations = c.allocations - slow_.allocations();
         p.upstream_allocations = chunks_.added();
         p.upstream_deallocations = chunks_.removed();
@@ -374,50 +368,19 @@ private:
 
     // ---- shards ----
 
-    [[nodiscard]] std::size_t slot_of(std::uintptr_t key) const noexcept {
-        return static_cast<std::size_t>((static_cast<std::uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> 32) &
-               (table_size_ - 1);
-    }
-
-    /// The stream's shard, created at its first use; nullptr when max_streams shards exist.
-    /// Lock-free when the shard exists (a probe of an open-addressing table that only grows).
+    /// The stream's shard, made at its first use; nullptr when max_streams shards exist.
+    /// Lock-free when the shard exists.
     shard* shard_for(stream_type stream) {
         const std::uintptr_t key = platform_type::stream_key(stream);
-        for (std::size_t i = slot_of(key), probes = 0; probes < table_size_; i = (i + 1) & (table_size_ - 1), ++probes) {
-            shard* sh = table_[i].load(std::memory_order_acquire);
-            if (sh == nullptr) break;
-            if (sh->key == key) return sh;
-        }
-        return create_shard(stream, key);
-    }
-
-    shard* create_shard(stream_type stream, std::uintptr_t key) {
-        std::lock_guard lock(registry_mutex_);
-        std::size_t i = slot_of(key);
-        for (;; i = (i + 1) & (table_size_ - 1)) {
-            shard* sh = table_[i].load(std::memory_order_acquire);
-            if (sh == nullptr) break;
-            if (sh->key == key) return sh;
-        }
-        const std::size_t n = shard_count_.load(std::memory_order_relaxed);
-        if (n == options_.max_streams) return nullptr;
-        if (device_ >= 0 && !(stream == stream_type{}) && platform_type::stream_device(stream) != device_) {
-            throw std::invalid_argument("custody: stream of device " +
-                                        std::to_string(platform_type::stream_device(stream)) +
-                                        " used with a pool of device " + std::to_string(device_));
-        }
-        auto sh = std::make_unique<shard>(key, events_.acquire(), options_.record_interval);
-        shard* raw = sh.release();
-        shards_[n].store(raw, std::memory_order_release);
-        shard_count_.store(n + 1, std::memory_order_release);
-        table_[i].store(raw, std::memory_order_release);
-        return raw;
-    }
-
-    template <class F>
-    void for_each_shard(F&& f) const {
-        const std::size_t n = shard_count_.load(std::memory_order_acquire);
-        for (std::size_t i = 0; i < n; ++i) f(*shards_[i].load(std::memory_order_acquire));
+        if (shard* sh = streams_.find(key)) return sh;
+        return streams_.find_or_create(key, [&] {
+            if (device_ >= 0 && !(stream == stream_type{}) && platform_type::stream_device(stream) != device_) {
+                throw std::invalid_argument("custody: stream of device " +
+                                            std::to_string(platform_type::stream_device(stream)) +
+                                            " used with a pool of device " + std::to_string(device_));
+            }
+            return std::make_unique<shard>(key, events_.acquire(), options_.record_interval);
+        });
     }
 
     // ---- the fast path ----
@@ -615,7 +578,7 @@ private:
     /// True when anything moved.
     bool drain_completed(const shard* self) {
         bool moved = false;
-        for_each_shard([&](shard& other) {
+        streams_.for_each([&](shard& other) {
             if (&other == self) return;
             std::vector<detail::free_block> blocks;
             {
@@ -638,12 +601,10 @@ private:
         const std::size_t size = r.size, alignment = r.alignment;
         void* result = nullptr;
         const std::size_t c = r.size_class;
-        const std::size_t n = shard_count_.load(std::memory_order_acquire);
-        for (std::size_t i = 0; i < n && result == nullptr; ++i) {
-            shard& other = *shards_[i].load(std::memory_order_acquire);
-            if (&other == &self) continue;
+        streams_.for_each([&](shard& other) {
+            if (result != nullptr || &other == &self) return;
             std::lock_guard lock(other.mutex);
-            if (other.cached == 0) continue;
+            if (other.cached == 0) return;
             if (small) {
                 if (const std::uintptr_t a = other.classes.take_newest_covered(c, alignment)) {
                     platform_type::wait(stream, other.event);
@@ -662,7 +623,7 @@ private:
                 result = reinterpret_cast<void*>(b.address);
             }
             if (result != nullptr) activity_.count(activity_.dependency_waits);
-        }
+        });
         return result;
     }
 
@@ -756,9 +717,9 @@ private:
     /// synchronization of the device (their streams may be gone; the device has their work).
     void reclaim() {
         std::vector<std::vector<detail::free_block>> taken;
-        taken.reserve(shard_count_.load(std::memory_order_acquire)); // no allocation once blocks are out
+        taken.reserve(streams_.size()); // no allocation once blocks are out
         bool uncovered = false;
-        for_each_shard([&](shard& sh) {
+        streams_.for_each([&](shard& sh) {
             if (taken.size() == taken.capacity()) return; // a shard created during the reclaim
             std::lock_guard lock(sh.mutex);
             if (sh.cached == 0) return;
@@ -895,7 +856,7 @@ private:
     /// shard lock held.
     void commit(std::size_t bytes) noexcept {
         peak_.commit(bytes, [&](detail::peak_counter::reclaimer& reclaim) {
-            for_each_shard([&](shard& sh) {
+            streams_.for_each([&](shard& sh) {
                 if (!reclaim.wanted()) return;
                 std::lock_guard lock(sh.mutex);
                 reclaim.take(sh.credit);
@@ -959,11 +920,7 @@ private:
     int device_;
     detail::event_pool<platform_type> events_;
 
-    std::size_t table_size_;                          // power of two >= 2 * max_streams
-    std::unique_ptr<std::atomic<shard*>[]> table_;    // open addressing by stream key; slots only fill
-    std::unique_ptr<std::atomic<shard*>[]> shards_;   // shards_[0, shard_count_): every shard, in order met
-    std::atomic<std::size_t> shard_count_{0};         // shard_count_ <= max_streams
-    std::mutex registry_mutex_;                       // serializes shard creation
+    detail::stream_table<shard> streams_;             // a shard per stream met, at most max_streams
     std::size_t request_limit_;                       // larger requests fail at once (limits, budget)
 
     mutable std::mutex shared_mutex_;
