@@ -32,6 +32,7 @@
 #include <custody/pool/detail/class_lists.hpp>
 #include <custody/pool/detail/event_pool.hpp>
 #include <custody/pool/detail/free_set.hpp>
+#include <custody/pool/detail/growth.hpp>
 #include <custody/pool/detail/recent_blocks.hpp>
 #include <custody/pool/detail/shard.hpp>
 #include <custody/pool/detail/request.hpp>
@@ -121,7 +122,7 @@ public:
     static constexpr std::size_t small_threshold = detail::small_threshold;
     /// The GPU's large page, which cudaMalloc rounds every allocation to: a chunk for one large
     /// request is its size rounded up to this, a chunk sized by growth_divisor is rounded down to it.
-    static constexpr std::size_t chunk_rounding = std::size_t{2} << 20;
+    static constexpr std::size_t chunk_rounding = detail::chunk_rounding;
     /// The alignment chunks are requested with: the upstream's largest (when it declares one),
     /// at most a page, at least the granule. Larger alignments are served by splitting.
     static constexpr std::size_t chunk_alignment = [] {
@@ -140,7 +141,7 @@ public:
         : upstream_(std::forward<Args>(upstream_args)...), options_(validated(options)),
           device_(upstream_device()), events_(event_device(), options_.initial_events, options_.event_batch),
           streams_(options_.max_streams),
-          request_limit_(compute_request_limit()) {
+          growth_(options_), request_limit_(growth_.request_limit()) {
         if (options_.initial_size > 0) {
             std::lock_guard lock(shared_mutex_);
             if (!grow_exactly(block_kind::large, align_up(options_.initial_size, granule))) {
@@ -756,33 +757,18 @@ private:
 
     // ---- growth (shared_mutex_ held) ----
 
+    /// Whether the pool may take `n` more bytes from its upstream now (queries the device's memory
+    /// when options.memory_info is set).
     [[nodiscard]] bool within_limits(std::size_t n) const {
-        const std::size_t reserved = chunks_.reserved();
-        if (n > options_.maximum_size || reserved > options_.maximum_size - n) return false;
-        if (options_.memory_info != nullptr) {
-            if (const auto info = options_.memory_info(device_)) {
-                return info->free >= n && info->free - n >= options_.device_headroom;
-            }
-        }
-        if (options_.device_capacity != 0) {
-            const std::size_t budget =
-                options_.device_capacity > options_.device_headroom ? options_.device_capacity - options_.device_headroom : 0;
-            return reserved <= budget && n <= budget - reserved;
-        }
-        return true;
+        std::optional<device_memory> device;
+        if (options_.memory_info != nullptr) device = options_.memory_info(device_);
+        return growth_.allows(n, chunks_.reserved(), device);
     }
 
-    /// Takes a chunk of `kind` for a request of `size` bytes: max(growth_step, reserved /
-    /// growth_divisor), the latter rounded down to whole 2 MiB pages once above 2 MiB (the GPU
-    /// allocates whole pages: a page begun is a page taken), or `size` rounded up to 2 MiB when
-    /// larger; falls back to exactly `size` when that much is refused.
+    /// Takes a chunk of `kind` for a block of `size` bytes: the growth rule's preferred chunk, or
+    /// exactly `size` when that much is refused.
     bool grow(block_kind kind, std::size_t size) {
-        std::size_t preferred = options_.growth_step;
-        if (options_.growth_divisor != 0) {
-            const std::size_t share = chunks_.reserved() / options_.growth_divisor;
-            preferred = std::max(preferred, share >= chunk_rounding ? share - share % chunk_rounding : align_up(share, granule));
-        }
-        if (size > preferred) preferred = align_up(size, chunk_rounding);
+        const std::size_t preferred = growth_.preferred_chunk(size, chunks_.reserved());
         if (preferred != size && grow_exactly(kind, preferred)) return true;
         return grow_exactly(kind, size);
     }
@@ -878,16 +864,6 @@ private:
         peak_.release(r.bytes);
     }
 
-    [[nodiscard]] std::size_t compute_request_limit() const noexcept {
-        std::size_t limit = std::min(options_.maximum_size, SIZE_MAX / 2);
-        if (options_.device_capacity != 0) {
-            limit = std::min(limit, options_.device_capacity > options_.device_headroom
-                                        ? options_.device_capacity - options_.device_headroom
-                                        : std::size_t{0});
-        }
-        return limit;
-    }
-
     [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::size_t alignment, std::string reason) const {
         const pool_statistics p = detailed_statistics();
         std::string d = reason.empty() ? std::string() : reason + "; ";
@@ -921,6 +897,7 @@ private:
     detail::event_pool<platform_type> events_;
 
     detail::stream_table<shard> streams_;             // a shard per stream met, at most max_streams
+    detail::growth_rule growth_;
     std::size_t request_limit_;                       // larger requests fail at once (limits, budget)
 
     mutable std::mutex shared_mutex_;
