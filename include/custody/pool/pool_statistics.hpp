@@ -4,10 +4,13 @@
 /// fragmented it is.
 #pragma once
 
+#include <custody/core/detail/format.hpp>
 #include <custody/core/statistics.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 namespace custody::pool {
@@ -55,6 +58,27 @@ struct pool_statistics {
     [[nodiscard]] double external_fragmentation() const noexcept {
         const std::size_t free = stream_cached_bytes + shared_free_bytes;
         return free == 0 ? 0.0 : 1.0 - static_cast<double>(largest_free_block) / static_cast<double>(free);
+    }
+
+    /// One line on where the memory is, as out_of_memory messages carry it: live bytes (requested
+    /// and rounded), reserved bytes and chunks, the largest free block, shared free bytes, free
+    /// bytes per stream, and reserved/live and external fragmentation.
+    [[nodiscard]] std::string describe() const {
+        std::string d = "pool: live " + std::to_string(totals.live_bytes) + " B (" + std::to_string(live_block_bytes) +
+                        " B in blocks), reserved " + std::to_string(totals.reserved_bytes) + " B in " +
+                        std::to_string(chunks) + " chunks, largest free block " + std::to_string(largest_free_block) +
+                        " B, shared free " + std::to_string(shared_free_bytes) + " B, free per stream [";
+        for (std::size_t i = 0; i < per_stream.size(); ++i) {
+            d += (i == 0 ? "" : ", ") + custody::detail::to_hex(per_stream[i].stream_key) + ": " +
+                 std::to_string(per_stream[i].bytes) + " B";
+        }
+        char ratio[96];
+        const double reserved_per_live = totals.live_bytes == 0 ? 0.0
+                                                                : static_cast<double>(totals.reserved_bytes) /
+                                                                      static_cast<double>(totals.live_bytes);
+        std::snprintf(ratio, sizeof ratio, "], fragmentation %.3f (reserved/live), %.3f (1 - largest/free)",
+                      reserved_per_live, external_fragmentation());
+        return d + ratio;
     }
 };
 

@@ -4,22 +4,26 @@
 /// safe cross-stream reuse, limits, and out-of-memory errors that say why.
 ///
 /// Map of the types (docs/pool.md tells the whole design):
-///   stream_ordered_pool<Upstream>   the resource
-///     shard                         per stream: its lock, its event, its size-class lists and
-///                                   free spans (all given back on that stream)
-///     shared_                       free spans any stream may use at once (fresh chunks, and
-///                                   streams' blocks once their work is known to have finished)
+///   stream_ordered_pool<Upstream>   the resource: the fast path, the slow path's ladder,
+///                                   cross-stream reuse and the reclaim (this file)
+///     streams_   detail::stream_table     a shard per stream, found without a lock
+///       shard    detail/shard.hpp         per stream: its lock, its event, its blocks, its counters
+///         classes  detail/class_lists.hpp     size-class lists and the covered rule
+///         recent   detail/recent_blocks.hpp   the last large blocks given back
+///         spans    detail/free_set.hpp        coalesced free spans (best fit)
+///     store_     detail/shared_store.hpp  free spans any stream may use, the chunks, growth
+///       chunks     detail/chunk_map.hpp       what was taken from the upstream
+///       growth     detail/growth.hpp          chunk sizes and limits
+///     peak_      detail/peak_counter.hpp  the exact live peak with per-stream credits
+///   detail::request (detail/request.hpp): a call classified once (size class, block kind)
 ///   Memory is segregated by kind: small chunks serve the size classes (<= 1 MiB), large chunks
 ///   the larger requests, so that long-lived small blocks never pin holes into the ranges large
 ///   requests need (the classic fragmentation of mixed lifetimes).
-///     chunks_                       what was taken from the upstream
 ///   pool_options, reuse_policy      pool/pool_options.hpp
 ///   pool_statistics                 pool/pool_statistics.hpp
 ///   capture_error                   pool/capture_error.hpp
 #pragma once
 
-#include <custody/core/detail/atomic_peak.hpp>
-#include <custody/core/detail/format.hpp>
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/error.hpp>
@@ -28,34 +32,29 @@
 #include <custody/core/statistics.hpp>
 #include <custody/pool/capture_error.hpp>
 #include <custody/pool/detail/block_kind.hpp>
-#include <custody/pool/detail/chunk_map.hpp>
-#include <custody/pool/detail/class_lists.hpp>
+#include <custody/pool/detail/counters.hpp>
 #include <custody/pool/detail/event_pool.hpp>
 #include <custody/pool/detail/free_set.hpp>
 #include <custody/pool/detail/growth.hpp>
-#include <custody/pool/detail/recent_blocks.hpp>
-#include <custody/pool/detail/shard.hpp>
+#include <custody/pool/detail/peak_counter.hpp>
 #include <custody/pool/detail/request.hpp>
+#include <custody/pool/detail/shard.hpp>
+#include <custody/pool/detail/shared_store.hpp>
 #include <custody/pool/detail/size_classes.hpp>
-#include <custody/pool/detail/spin_mutex.hpp>
 #include <custody/pool/detail/stream_table.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/pool_statistics.hpp>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
-#include <bit>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -140,14 +139,11 @@ public:
     explicit stream_ordered_pool(pool_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), options_(validated(options)),
           device_(upstream_device()), events_(event_device(), options_.initial_events, options_.event_batch),
-          streams_(options_.max_streams),
-          growth_(options_), request_limit_(growth_.request_limit()) {
-        if (options_.initial_size > 0) {
-            std::lock_guard lock(shared_mutex_);
-            if (!grow_exactly(block_kind::large, align_up(options_.initial_size, granule))) {
-                throw out_of_memory(options_.initial_size, chunk_alignment, device_, statistics(), name,
-                                    "the pool's initial size could not be taken from its upstream");
-            }
+          streams_(options_.max_streams), store_(upstream_, options_, device_, chunk_alignment),
+          request_limit_(detail::growth_rule(options_).request_limit()) {
+        if (options_.initial_size > 0 && !store_.grow_exactly(block_kind::large, align_up(options_.initial_size, granule))) {
+            throw out_of_memory(options_.initial_size, chunk_alignment, device_, statistics(), name,
+                                "the pool's initial size could not be taken from its upstream");
         }
     }
 
@@ -178,19 +174,8 @@ public:
                 report_failure("stream_ordered_pool: synchronizing the device failed at destruction");
             }
         }
-        const resource_statistics s = statistics();
-        if (s.live_allocations != 0) {
-            char line[256];
-            const int len = std::snprintf(line, sizeof line,
-                                          "stream_ordered_pool destroyed with %zu blocks (%zu bytes) still "
-                                          "allocated; their memory goes back to the upstream now",
-                                          s.live_allocations, s.live_bytes);
-            report_failure(std::string_view(line, len > 0 ? static_cast<std::size_t>(len) : 0U));
-        }
-        std::lock_guard lock(shared_mutex_);
-        chunks_.for_each([&](std::uintptr_t base, std::size_t size) {
-            upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), size, chunk_alignment);
-        });
+        report_leaks();
+        store_.release_all();
         streams_.for_each([&](shard& sh) { events_.release(std::move(sh.event)); });
     }
 
@@ -216,47 +201,22 @@ public:
     }
 
     /// Gives `ptr` back on `stream`: reusable at once on `stream`, on other streams as the
-    /// reuse_policy allows. `bytes` and `alignment` must be those of the allocation.
+    /// reuse_policy allows. `bytes` and `alignment` must be those of the allocation. A block given
+    /// back on a capturing stream is quarantined; on a stream without a shard (another device's,
+    /// or past max_streams), it goes to the shared set once the stream has finished its work.
     void deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         if (ptr == nullptr) return;
         const detail::request r = detail::classify(bytes, alignment);
         const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-        bool capturing = true;
-        try {
-            capturing = platform_type::is_capturing(stream);
-        } catch (...) {
-        }
-        if (capturing) {
-            quarantine(address, r.size);
+        if (capturing_for_free(stream)) {
+            store_.quarantine(r.size);
             on_deallocated_slow(r);
-            return;
-        }
-        shard* sh = nullptr;
-        try {
-            sh = shard_for(stream);
-        } catch (...) {
-        }
-        if (sh == nullptr) {
+        } else if (shard* sh = shard_for_free(stream)) {
+            give_back(*sh, stream, address, r);
+        } else {
             give_back_synchronously(stream, address, r.size);
             on_deallocated_slow(r);
-            return;
         }
-        bool stored = false;
-        {
-            std::lock_guard lock(sh->mutex);
-            try {
-                if (r.small()) {
-                    sh->classes.push(r.size_class, address);
-                } else {
-                    keep_recent(*sh, stream, {address, r.size, 0}); // its chunk is looked up when it leaves recent
-                }
-                stored = true;
-            } catch (...) {
-            }
-            if (stored && sh->stored(r.size, options_.record_bytes)) [[unlikely]] cover(*sh, stream);
-            sh->on_deallocated(r);
-        }
-        if (!stored) lose(r.size);
     }
 
     /// allocate on the default stream.
@@ -290,21 +250,11 @@ public:
             p.stream_cached_bytes += sh.cached;
             p.largest_free_block = std::max(p.largest_free_block, sh.largest());
         });
-        {
-            std::lock_guard lock(shared_mutex_);
-            for (const auto& set : shared_) {
-                p.shared_free_bytes += set.bytes();
-                p.largest_free_block = std::max(p.largest_free_block, set.largest());
-            }
-            p.chunks = chunks_.count();
-            p.quarantined_bytes = quarantined_bytes_.load(std::memory_order_relaxed);
-        }
+        store_.add_to(p);
         p.totals = totals(c);
         p.live_block_bytes = static_cast<std::size_t>(c.block_bytes);
         p.streams = streams_.size();
         p.fast_allocations = c.allocations - slow_.allocations();
-        p.upstream_allocations = chunks_.added();
-        p.upstream_deallocations = chunks_.removed();
         p.opportunistic_reuses = activity_.opportunistic_reuses.load(std::memory_order_relaxed);
         p.dependency_waits = activity_.dependency_waits.load(std::memory_order_relaxed);
         p.reclaims = activity_.reclaims.load(std::memory_order_relaxed);
@@ -317,8 +267,7 @@ public:
     /// given back. Blocks while streams finish the work recorded before their frees.
     std::size_t trim() {
         reclaim();
-        std::lock_guard lock(shared_mutex_);
-        return release_free_chunks();
+        return store_.release_free_chunks();
     }
 
     /// The device the pool's memory belongs to (the upstream's; -1 when it has none).
@@ -332,24 +281,10 @@ public:
 
 private:
     using block_kind = detail::block_kind;
-
     using counters = detail::counters;
     using shard = detail::shard<event_type>;
 
-    /// The pool-wide counters with the call counts `c` summed over the shards.
-    [[nodiscard]] resource_statistics totals(const counters& c) const noexcept {
-        resource_statistics s;
-        s.live_bytes = static_cast<std::size_t>(std::max<std::int64_t>(c.live_bytes, 0));
-        s.peak_live_bytes = std::max(peak_.peak(), s.live_bytes);
-        s.reserved_bytes = chunks_.reserved();
-        s.peak_reserved_bytes = chunks_.peak_reserved();
-        s.allocations = c.allocations;
-        s.deallocations = c.deallocations;
-        s.live_allocations = static_cast<std::size_t>(c.allocations - c.deallocations);
-        return s;
-    }
-
-    // ---- construction helpers ----
+    // ---- construction and destruction ----
 
     static pool_options validated(pool_options o) {
         if (o.max_streams == 0) throw std::invalid_argument("custody: pool_options::max_streams must be at least 1");
@@ -367,10 +302,35 @@ private:
     }
     int event_device() const { return device_ >= 0 ? device_ : platform_type::current_device(); }
 
-    // ---- shards ----
+    /// The pool-wide counters with the call counts `c` summed over the shards.
+    [[nodiscard]] resource_statistics totals(const counters& c) const noexcept {
+        resource_statistics s;
+        s.live_bytes = static_cast<std::size_t>(std::max<std::int64_t>(c.live_bytes, 0));
+        s.peak_live_bytes = std::max(peak_.peak(), s.live_bytes);
+        s.reserved_bytes = store_.reserved();
+        s.peak_reserved_bytes = store_.chunks().peak_reserved();
+        s.allocations = c.allocations;
+        s.deallocations = c.deallocations;
+        s.live_allocations = static_cast<std::size_t>(c.allocations - c.deallocations);
+        return s;
+    }
+
+    void report_leaks() const noexcept {
+        const resource_statistics s = statistics();
+        if (s.live_allocations == 0) return;
+        char line[256];
+        const int len = std::snprintf(line, sizeof line,
+                                      "stream_ordered_pool destroyed with %zu blocks (%zu bytes) still "
+                                      "allocated; their memory goes back to the upstream now",
+                                      s.live_allocations, s.live_bytes);
+        report_failure(std::string_view(line, len > 0 ? static_cast<std::size_t>(len) : 0U));
+    }
+
+    // ---- streams ----
 
     /// The stream's shard, made at its first use; nullptr when max_streams shards exist.
-    /// Lock-free when the shard exists.
+    /// Lock-free when the shard exists. Throws std::invalid_argument for a stream of another
+    /// device, and what making an event throws.
     shard* shard_for(stream_type stream) {
         const std::uintptr_t key = platform_type::stream_key(stream);
         if (shard* sh = streams_.find(key)) return sh;
@@ -382,6 +342,59 @@ private:
             }
             return std::make_unique<shard>(key, events_.acquire(), options_.record_interval);
         });
+    }
+
+    /// shard_for for deallocate: nullptr for a stream of another device (served without a
+    /// shard, as documented), and when no shard can be made (reported).
+    shard* shard_for_free(stream_type stream) noexcept {
+        try {
+            return shard_for(stream);
+        } catch (const std::invalid_argument&) {
+            return nullptr;
+        } catch (...) {
+            report_failure("stream_ordered_pool: no shard could be made for a stream; its block is given back "
+                           "after the stream finishes");
+            return nullptr;
+        }
+    }
+
+    /// Whether `stream` is capturing, for deallocate: a query that fails counts as capturing (the
+    /// block is then quarantined, never reused), and is reported.
+    static bool capturing_for_free(stream_type stream) noexcept {
+        try {
+            return platform_type::is_capturing(stream);
+        } catch (...) {
+            report_failure("stream_ordered_pool: asking whether a stream is capturing failed; the block given "
+                           "back on it is quarantined");
+            return true;
+        }
+    }
+
+    /// Records the shard's event on its stream (its lock held), so that it covers every block the
+    /// shard holds. If the record fails, the stream is synchronized instead (the blocks are then
+    /// idle), and the failure reported.
+    void cover(shard& sh, stream_type stream) noexcept {
+        try {
+            sh.event.record(stream);
+        } catch (...) {
+            try {
+                platform_type::synchronize(stream);
+                report_failure("stream_ordered_pool: recording a stream's event failed; synchronized the stream instead");
+            } catch (...) {
+                report_failure("stream_ordered_pool: recording a stream's event and synchronizing the stream failed");
+            }
+        }
+        sh.on_recorded(options_.record_interval);
+    }
+
+    /// Waits for all work on the pool's device (every device, for a pool of no device). Blocks
+    /// taken from a shard before this call are idle after it.
+    void synchronize_devices() const {
+        if (device_ >= 0) {
+            platform_type::synchronize_device(device_);
+        } else {
+            for (int d = 0; d < platform_type::device_count(); ++d) platform_type::synchronize_device(d);
+        }
     }
 
     // ---- the fast path ----
@@ -400,180 +413,166 @@ private:
         return reinterpret_cast<void*>(address);
     }
 
-    /// Records the shard's event on its stream (its lock held), so that it covers every block the
-    /// shard holds.
-    void cover(shard& sh, stream_type stream) noexcept {
-        record_noexcept(sh, stream);
-        sh.on_recorded(options_.record_interval);
+    /// Keeps a block given back on the shard's stream (every deallocate with a shard).
+    void give_back(shard& sh, stream_type stream, std::uintptr_t address, const detail::request& r) noexcept {
+        bool stored = false;
+        {
+            std::lock_guard lock(sh.mutex);
+            stored = store_in(sh, stream, address, r);
+            if (stored && sh.stored(r.size, options_.record_bytes)) [[unlikely]] cover(sh, stream);
+            sh.on_deallocated(r);
+        }
+        if (!stored) store_.lose(r.size);
     }
 
-
-    void record_noexcept(shard& sh, stream_type stream) noexcept {
+    /// Puts a block into its class list, or among the recent large blocks (its lock held). False
+    /// when there is no host memory to hold it.
+    bool store_in(shard& sh, stream_type stream, std::uintptr_t address, const detail::request& r) noexcept {
         try {
-            sh.event.record(stream);
-        } catch (...) {
-            // The event no longer covers this free: make the free complete before anyone can
-            // take the block, so no other stream can see it early.
-            try {
-                platform_type::synchronize(stream);
-            } catch (...) {
+            if (r.small()) {
+                sh.classes.push(r.size_class, address);
+            } else {
+                if (sh.recent.full() && sh.recent.covered() == 0) cover(sh, stream); // the spans hold covered blocks only
+                sh.keep_recent({address, r.size, 0}, store_.chunks()); // its chunk is looked up when it leaves recent
             }
-            report_failure("stream_ordered_pool: recording a stream's event failed; synchronized the stream instead");
+            return true;
+        } catch (const std::bad_alloc&) {
+            return false;
         }
     }
 
-    // ---- the slow path ----
+    // ---- the slow path: a ladder of steps, each costlier or more disruptive than the last ----
 
     void* allocate_slow(stream_type stream, shard* sh, const detail::request& r) {
-        const std::size_t bytes = r.bytes, size = r.size, alignment = r.alignment;
-        const bool small = r.small();
-        const block_kind kind = r.kind;
-        // 1. This stream's own recent large blocks (exact size), then its spans.
-        if (sh != nullptr) {
+        if (void* p = take_own(sh, r)) return p;
+        if (void* p = take_shared(sh, r)) return p;
+        if (void* p = take_from_other_streams(stream, sh, r)) return p;
+        if (void* p = take_merged(stream, sh, r)) return p;
+        if (void* p = grow_and_take(sh, r)) return p;
+        if (void* p = take_other_kind(stream, sh, r)) return p;
+        return take_after_reclaim(r);
+    }
+
+    /// This stream's recent large blocks (exact size), then its spans of the request's kind.
+    void* take_own(shard* sh, const detail::request& r) {
+        if (sh == nullptr) return nullptr;
+        std::lock_guard lock(sh->mutex);
+        std::uintptr_t address = r.small() ? 0 : sh->take_recent(r.size, r.alignment);
+        if (address == 0) address = sh->take_span(r.kind, r.size, r.alignment);
+        return reinterpret_cast<void*>(address);
+    }
+
+    /// The shared set; a large block brings the small rest of its chunk to the stream's spans.
+    void* take_shared(shard* sh, const detail::request& r) {
+        if (sh == nullptr) return reinterpret_cast<void*>(store_.take(r.kind, r.size, r.alignment, false).block.address);
+        return kept(*sh, store_.take(r.kind, r.size, r.alignment, true));
+    }
+
+    /// Other streams' caches, as the reuse policy allows: those whose event has completed move to
+    /// the shared set; under follow_dependencies, this stream then waits on another's event.
+    void* take_from_other_streams(stream_type stream, shard* sh, const detail::request& r) {
+        if (options_.reuse == reuse_policy::same_stream) return nullptr;
+        if (drain_completed(sh)) {
+            if (void* p = take_shared(sh, r)) return p;
+        }
+        if (options_.reuse == reuse_policy::follow_dependencies && sh != nullptr) return take_with_dependency(stream, *sh, r);
+        return nullptr;
+    }
+
+    /// This stream's cache merged into its spans, before the pool grows. For a small request, its
+    /// size-class lists, when they hold more than 1/128 of the reserve (a quarter of a growth
+    /// chunk): memory cached for other sizes then serves this one (what keeps the reserve near the
+    /// live bytes), and the lists refill by that much between two merges (what keeps merging
+    /// rare). Only the small-kind spans serve it: the large spans hold the rests of the stream's
+    /// large blocks' chunks, and a long-lived small block there would keep the chunk from serving
+    /// its large request again. For a large request, its recent large blocks.
+    void* take_merged(stream_type stream, shard* sh, const detail::request& r) {
+        if (sh == nullptr) return nullptr;
+        if (r.small()) {
+            if (!flush_classes(*sh, stream, std::max(r.size, store_.reserved() / 128))) return nullptr;
             std::lock_guard lock(sh->mutex);
-            if (!small) {
-                if (void* p = take_recent(*sh, size, alignment)) return p;
-            }
-            if (!sh->spans[kind].empty()) {
-                const detail::free_block b = sh->spans[kind].take(size, alignment);
-                if (b.size != 0) {
-                    sh->cached -= b.size;
-                    return reinterpret_cast<void*>(b.address);
-                }
-            }
+            return reinterpret_cast<void*>(sh->take_span(block_kind::small, r.size, r.alignment));
         }
-        // 2. The shared set.
-        if (void* p = take_shared(sh, kind, size, alignment)) return p;
-        // 3. Other streams' caches, as the policy allows.
-        if (options_.reuse != reuse_policy::same_stream) {
-            if (drain_completed(sh)) {
-                if (void* p = take_shared(sh, kind, size, alignment)) return p;
-            }
-            if (options_.reuse == reuse_policy::follow_dependencies && sh != nullptr) {
-                if (void* p = take_with_dependency(stream, *sh, r)) return p;
-            }
+        std::lock_guard lock(sh->mutex);
+        if (sh->recent.empty()) return nullptr;
+        merge_all_recent(*sh, stream);
+        return reinterpret_cast<void*>(sh->take_span(block_kind::large, r.size, r.alignment));
+    }
+
+    /// A new chunk of the request's kind.
+    void* grow_and_take(shard* sh, const detail::request& r) {
+        const detail::taken_block t = store_.grow_and_take(r.kind, r.size, r.alignment, sh != nullptr);
+        return sh != nullptr ? kept(*sh, t) : reinterpret_cast<void*>(t.block.address);
+    }
+
+    /// The pool may not grow: chunks of the other kind serve too (segregation is a preference),
+    /// from the shared set, then from this stream's spans, without waiting for anything.
+    void* take_other_kind(stream_type stream, shard* sh, const detail::request& r) {
+        const block_kind kind = other(r.kind);
+        if (const std::uintptr_t a = store_.take(kind, r.size, r.alignment, false).block.address) {
+            return reinterpret_cast<void*>(a);
         }
-        // 3b. This stream's size-class lists, merged into its spans, when they hold more than 1/128
-        //     of the reserve (a quarter of a growth chunk): memory cached for other sizes then
-        //     serves this one before the pool grows (what keeps the reserve near the live bytes),
-        //     and the lists refill by that much between two merges (what keeps merging rare). Only
-        //     the small-kind spans serve here: the stream's large spans hold the rests of its large
-        //     blocks' chunks (take_tail), and a long-lived small block there would keep the chunk
-        //     from serving its large request again, making the large kind grow.
-        if (small && sh != nullptr &&
-            flush_classes(*sh, stream, std::max(size, chunks_.reserved() / 128))) {
-            std::lock_guard lock(sh->mutex);
-            const detail::free_block b = sh->spans[block_kind::small].take(size, alignment);
-            if (b.size != 0) {
-                sh->cached -= b.size;
-                return reinterpret_cast<void*>(b.address);
-            }
-        }
-        //     For a large request, the recent large blocks merge into the spans the same way.
-        if (!small && sh != nullptr) {
-            std::lock_guard lock(sh->mutex);
-            if (!sh->recent.empty()) {
-                if (!sh->recent.all_covered()) cover(*sh, stream);
-                merge_recent(*sh, sh->recent.size());
-                const detail::free_block b = sh->spans[block_kind::large].take(size, alignment);
-                if (b.size != 0) {
-                    sh->cached -= b.size;
-                    return reinterpret_cast<void*>(b.address);
-                }
-            }
-        }
-        // 4. Grow (by enough that an aligned block fits whatever the chunk's own alignment).
-        const std::size_t need = size + (alignment > chunk_alignment ? alignment - chunk_alignment : 0);
-        {
-            std::unique_lock lock(shared_mutex_);
-            if (grow(kind, need)) {
-                const detail::free_block b = shared_[kind].take(size, alignment);
-                if (b.size != 0) {
-                    const detail::free_block tail = take_tail(sh, kind, b);
-                    lock.unlock();
-                    keep_tail(sh, tail);
-                    return reinterpret_cast<void*>(b.address);
-                }
-            }
-            // The pool may not grow: chunks of the other kind serve too (segregation is a preference).
-            const detail::free_block b = shared_[other(kind)].take(size, alignment);
-            if (b.size != 0) return reinterpret_cast<void*>(b.address);
-        }
-        //    ... and so do this stream's spans of the other kind, without waiting for anything.
-        if (sh != nullptr) {
-            std::lock_guard lock(sh->mutex);
-            if (!sh->recent.empty()) {
-                if (!sh->recent.all_covered()) cover(*sh, stream);
-                merge_recent(*sh, sh->recent.size());
-            }
-            const detail::free_block b = sh->spans[other(kind)].take(size, alignment);
-            if (b.size != 0) {
-                sh->cached -= b.size;
-                return reinterpret_cast<void*>(b.address);
-            }
-        }
-        // 5. Last resort: wait for every stream, coalesce everything, give free chunks back, retry once.
+        if (sh == nullptr) return nullptr;
+        std::lock_guard lock(sh->mutex);
+        if (!sh->recent.empty()) merge_all_recent(*sh, stream);
+        return reinterpret_cast<void*>(sh->take_span(kind, r.size, r.alignment));
+    }
+
+    /// The last resort: waits for every stream, coalesces everything, gives free chunks back and
+    /// retries once; then throws out_of_memory.
+    void* take_after_reclaim(const detail::request& r) {
         activity_.count(activity_.reclaims);
         reclaim();
-        {
-            std::lock_guard lock(shared_mutex_);
-            detail::free_block b = shared_[kind].take(size, alignment);
-            if (b.size == 0) b = shared_[other(kind)].take(size, alignment);
-            if (b.size == 0) {
-                release_free_chunks();
-                if (grow(kind, need)) b = shared_[kind].take(size, alignment);
-            }
-            if (b.size != 0) return reinterpret_cast<void*>(b.address);
-        }
+        const detail::free_block b = store_.take_or_regrow(r.kind, r.size, r.alignment);
+        if (b.size != 0) return reinterpret_cast<void*>(b.address);
         activity_.count(activity_.failures);
-        throw_out_of_memory(bytes, alignment, {});
+        throw_out_of_memory(r.bytes, r.alignment, {});
     }
 
-    void* take_shared(shard* sh, block_kind kind, std::size_t size, std::size_t alignment) {
-        detail::free_block b, tail;
-        {
-            std::lock_guard lock(shared_mutex_);
-            if (shared_[kind].empty()) return nullptr;
-            b = shared_[kind].take(size, alignment);
-            if (b.size == 0) return nullptr;
-            tail = take_tail(sh, kind, b);
-        }
-        keep_tail(sh, tail);
-        return reinterpret_cast<void*>(b.address);
-    }
-
-    /// For a large block `b` just cut from the shared set for stream `sh` (shared_mutex_ held): the
-    /// free rest of its chunk right behind it, when too small to serve any large request alone,
-    /// taken out for the stream to keep beside `b`. A 1.3 MiB block in a 2 MiB chunk otherwise
-    /// leaves 0.7 MiB in the shared set while the block comes back to the stream's spans: the two
-    /// never coalesce, and the next large request of another size needs a chunk of its own.
-    detail::free_block take_tail(const shard* sh, block_kind kind, const detail::free_block& b) noexcept {
-        if (kind != block_kind::large || sh == nullptr) return {};
-        detail::free_block tail = shared_[block_kind::large].take_at(b.address + b.size, b.chunk, small_threshold + granule);
-        tail.kind = block_kind::large;
-        return tail;
-    }
-
-    /// Puts a tail from take_tail into the stream's large spans (back into the shared set when
+    /// The block of `t`, its tail kept in the stream's large spans (in the shared set again when
     /// there is no host memory for it).
-    void keep_tail(shard* sh, const detail::free_block& tail) noexcept {
-        if (tail.size == 0) return;
-        {
-            std::lock_guard lock(sh->mutex);
-            try {
-                sh->spans[block_kind::large].insert(tail);
-                sh->cached += tail.size;
-                return;
-            } catch (...) {
+    void* kept(shard& sh, const detail::taken_block& t) noexcept {
+        if (t.tail.size != 0) {
+            bool in_spans = false;
+            {
+                std::lock_guard lock(sh.mutex);
+                try {
+                    sh.spans[block_kind::large].insert(t.tail);
+                    sh.cached += t.tail.size;
+                    in_spans = true;
+                } catch (const std::bad_alloc&) {
+                }
             }
+            if (!in_spans) store_.insert(t.tail);
         }
-        std::lock_guard lock(shared_mutex_);
-        try {
-            shared_[block_kind::large].insert(tail);
-        } catch (...) {
-            lose(tail.size);
-        }
+        return reinterpret_cast<void*>(t.block.address);
     }
+
+    /// Merges every recent large block into the spans, recording first when some are not covered
+    /// (its lock held).
+    void merge_all_recent(shard& sh, stream_type stream) noexcept {
+        if (!sh.recent.all_covered()) cover(sh, stream);
+        sh.merge_recent(sh.recent.size(), store_.chunks());
+    }
+
+    /// Moves a shard's size-class blocks into its spans, coalescing them, when they hold at least
+    /// `threshold` bytes; records the event first when some are not covered (the spans hold only
+    /// covered blocks). True when any moved.
+    bool flush_classes(shard& sh, stream_type stream, std::size_t threshold) {
+        std::lock_guard lock(sh.mutex);
+        if (sh.class_bytes() < threshold) return false;
+        const std::size_t count = sh.classes.count(false);
+        if (count == 0) return false;
+        // Sorted by address, blocks cut one after another from a span (a request's KV pages)
+        // form runs that go into the tree as one block: one insert per run, not per block.
+        std::vector<detail::free_block> blocks;
+        blocks.reserve(count); // may throw: nothing has moved yet
+        if (sh.dirty(options_.record_interval)) cover(sh, stream);
+        sh.merge_classes(blocks, store_.chunks(), [&](std::size_t size) { store_.lose(size); });
+        return true;
+    }
+
+    // ---- cross-stream reuse ----
 
     /// Moves the covered blocks of other streams whose event has completed to the shared set.
     /// True when anything moved.
@@ -585,10 +584,10 @@ private:
             {
                 std::lock_guard lock(other.mutex);
                 if (other.cached == 0 || !other.event.ready()) return;
-                blocks = take_blocks(other, true);
+                blocks = other.take_blocks(true, options_.record_interval);
             }
             if (blocks.empty()) return;
-            to_shared(std::move(blocks));
+            store_.insert_runs(blocks);
             activity_.count(activity_.opportunistic_reuses);
             moved = true;
         });
@@ -598,119 +597,28 @@ private:
     /// Follow dependencies: finds a fitting covered block in another stream's cache, makes
     /// `stream` wait on that stream's event (no host synchronization) and takes the block.
     void* take_with_dependency(stream_type stream, shard& self, const detail::request& r) {
-        const bool small = r.small();
-        const std::size_t size = r.size, alignment = r.alignment;
         void* result = nullptr;
-        const std::size_t c = r.size_class;
         streams_.for_each([&](shard& other) {
             if (result != nullptr || &other == &self) return;
             std::lock_guard lock(other.mutex);
-            if (other.cached == 0) return;
-            if (small) {
-                if (const std::uintptr_t a = other.classes.take_newest_covered(c, alignment)) {
-                    platform_type::wait(stream, other.event);
-                    result = reinterpret_cast<void*>(a);
-                    other.cached -= size;
-                }
-            }
-            const block_kind kind = r.kind;
-            if (result == nullptr && !small && other.recent.covered() != 0) {
-                merge_recent(other, other.recent.covered());
-            }
-            if (result == nullptr && other.spans[kind].fits(size, alignment)) {
-                platform_type::wait(stream, other.event);
-                const detail::free_block b = other.spans[kind].take(size, alignment);
-                other.cached -= b.size;
-                result = reinterpret_cast<void*>(b.address);
-            }
-            if (result != nullptr) activity_.count(activity_.dependency_waits);
+            if (other.cached != 0) result = take_covered(stream, other, r);
         });
+        if (result != nullptr) activity_.count(activity_.dependency_waits);
         return result;
     }
 
-    /// Keeps a large block given back on this shard's stream among its recent blocks (its lock
-    /// held); the oldest recent block moves to the spans when there is no room (after a record,
-    /// when it is not yet covered). Throws bad_alloc (from the spans) with the shard unchanged.
-    void keep_recent(shard& sh, stream_type stream, const detail::free_block& b) {
-        if (sh.recent.full()) {
-            if (sh.recent.covered() == 0) cover(sh, stream);
-            const detail::free_block oldest = chunks_.locate(sh.recent.oldest());
-            sh.spans[oldest.kind].insert(oldest);
-            sh.recent.pop_oldest();
+    /// A covered block of `other` (its lock held) for `r`, taken behind `other`'s event; nullptr
+    /// when none fits.
+    void* take_covered(stream_type stream, shard& other, const detail::request& r) {
+        if (r.small() && other.classes.newest_covered(r.size_class, r.alignment) != 0) {
+            platform_type::wait(stream, other.event);
+            other.cached -= r.size;
+            return reinterpret_cast<void*>(other.classes.take_newest_covered(r.size_class, r.alignment));
         }
-        sh.recent.push(b);
-    }
-
-    /// Takes a recent block of exactly `size` bytes suitably aligned, newest first (lock held).
-    void* take_recent(shard& sh, std::size_t size, std::size_t alignment) noexcept {
-        const std::uintptr_t address = sh.recent.take_exact(size, alignment);
-        if (address == 0) return nullptr;
-        sh.cached -= size;
-        return reinterpret_cast<void*>(address);
-    }
-
-    /// Moves the `count` oldest recent blocks (covered ones: count <= recent.covered()) into the
-    /// spans, coalescing (lock held). A bad_alloc leaves the blocks not yet moved among the recent.
-    void merge_recent(shard& sh, std::size_t count) noexcept {
-        try {
-            for (; count != 0; --count) {
-                const detail::free_block b = chunks_.locate(sh.recent.oldest());
-                sh.spans[b.kind].insert(b);
-                sh.recent.pop_oldest();
-            }
-        } catch (...) {
-        }
-    }
-
-    /// Moves a shard's size-class blocks into its spans, coalescing them, when they hold at least
-    /// `threshold` bytes; records the event first when some are not covered (the spans hold only
-    /// covered blocks). True when any moved.
-    bool flush_classes(shard& sh, stream_type stream, std::size_t threshold) {
-        std::lock_guard lock(sh.mutex);
-        const std::size_t in_spans = sh.spans[block_kind::small].bytes() + sh.spans[block_kind::large].bytes();
-        if (sh.cached - in_spans - sh.recent.bytes() < threshold) return false;
-        const std::size_t count = sh.classes.count(false);
-        if (count == 0) return false;
-        // Sorted by address, blocks cut one after another from a span (a request's KV pages)
-        // form runs that go into the tree as one block: one insert per run, not per block.
-        std::vector<detail::free_block> blocks;
-        blocks.reserve(count); // may throw: nothing has moved yet
-        if (sh.dirty(options_.record_interval)) cover(sh, stream);
-        sh.classes.take(false, [&](std::uintptr_t a, std::size_t size) { blocks.push_back({a, size, 0}); });
-        sh.cached -= chunks_.insert_runs(blocks, sh.spans, [&](std::size_t size) { lose(size); });
-        return true;
-    }
-
-    /// Takes a shard's blocks (its lock held) into a list: the covered ones, or all of them.
-    /// Strong: throws bad_alloc before taking anything.
-    std::vector<detail::free_block> take_blocks(shard& sh, bool covered_only) {
-        std::vector<detail::free_block> blocks;
-        const std::size_t recent = covered_only ? sh.recent.covered() : sh.recent.size();
-        std::size_t count = sh.spans[block_kind::small].count() + sh.spans[block_kind::large].count() + recent;
-        count += sh.classes.count(covered_only);
-        blocks.reserve(count);
-        // chunk: looked up later; the blocks left, if any, came after the last record
-        sh.classes.take(covered_only, [&](std::uintptr_t a, std::size_t size) { blocks.push_back({a, size, 0}); });
-        sh.recent.take_oldest(recent, [&](const detail::free_block& b) { blocks.push_back(b); });
-        for (block_kind kind : detail::block_kinds) {
-            sh.spans[kind].drain([&](detail::free_block b) {
-                b.kind = kind;
-                blocks.push_back(b);
-            });
-        }
-        for (const auto& b : blocks) sh.cached -= b.size;
-        if (!covered_only) {
-            sh.to_record = options_.record_interval;
-            sh.uncovered_bytes = 0;
-        }
-        return blocks;
-    }
-
-    /// Inserts blocks into the shared set, coalescing. A block that cannot be stored (no host
-    /// memory for a node) is reported and counted lost.
-    void to_shared(std::vector<detail::free_block> blocks) noexcept {
-        std::lock_guard lock(shared_mutex_);
-        chunks_.insert_runs(blocks, shared_, [&](std::size_t size) { lose(size); });
+        if (!r.small() && other.recent.covered() != 0) other.merge_recent(other.recent.covered(), store_.chunks());
+        if (!other.spans[r.kind].fits(r.size, r.alignment)) return nullptr;
+        platform_type::wait(stream, other.event);
+        return reinterpret_cast<void*>(other.take_span(r.kind, r.size, r.alignment));
     }
 
     /// Moves every stream's cache to the shared set once its blocks are idle: a stream whose
@@ -729,7 +637,7 @@ private:
             } else {
                 uncovered = true;
             }
-            taken.push_back(take_blocks(sh, false));
+            taken.push_back(sh.take_blocks(false, options_.record_interval));
         });
         if (uncovered) {
             try {
@@ -737,80 +645,12 @@ private:
             } catch (...) {
                 // Their work may still be running: they are never reused.
                 for (const auto& blocks : taken) {
-                    for (const auto& b : blocks) quarantine(b.address, b.size);
+                    for (const auto& b : blocks) store_.quarantine(b.size);
                 }
                 throw;
             }
         }
-        for (auto& blocks : taken) to_shared(std::move(blocks));
-    }
-
-    /// Waits for all work on the pool's device (every device, for a pool of no device). Blocks
-    /// taken from a shard before this call are idle after it.
-    void synchronize_devices() const {
-        if (device_ >= 0) {
-            platform_type::synchronize_device(device_);
-        } else {
-            for (int d = 0; d < platform_type::device_count(); ++d) platform_type::synchronize_device(d);
-        }
-    }
-
-    // ---- growth (shared_mutex_ held) ----
-
-    /// Whether the pool may take `n` more bytes from its upstream now (queries the device's memory
-    /// when options.memory_info is set).
-    [[nodiscard]] bool within_limits(std::size_t n) const {
-        std::optional<device_memory> device;
-        if (options_.memory_info != nullptr) device = options_.memory_info(device_);
-        return growth_.allows(n, chunks_.reserved(), device);
-    }
-
-    /// Takes a chunk of `kind` for a block of `size` bytes: the growth rule's preferred chunk, or
-    /// exactly `size` when that much is refused.
-    bool grow(block_kind kind, std::size_t size) {
-        const std::size_t preferred = growth_.preferred_chunk(size, chunks_.reserved());
-        if (preferred != size && grow_exactly(kind, preferred)) return true;
-        return grow_exactly(kind, size);
-    }
-
-    bool grow_exactly(block_kind kind, std::size_t n) {
-        if (!within_limits(n)) return false;
-        void* p = custody::try_allocate(upstream_, stream_type{}, n, chunk_alignment);
-        if (p == nullptr) return false;
-        const auto base = reinterpret_cast<std::uintptr_t>(p);
-        try {
-            chunks_.add(base, n, kind);
-            try {
-                shared_[kind].insert({base, n, base, kind});
-            } catch (...) {
-                chunks_.remove(base);
-                throw;
-            }
-        } catch (...) {
-            upstream_.deallocate(stream_type{}, p, n, chunk_alignment);
-            throw;
-        }
-        return true;
-    }
-
-    std::size_t release_free_chunks() noexcept {
-        std::size_t released = 0;
-        for (auto& set : shared_) {
-            const auto whole = [&](std::uintptr_t address, std::size_t size) { return chunks_.is_whole(address, size); };
-            set.take_whole_chunks(whole, [&](const detail::free_block& b) {
-                chunks_.remove(b.address);
-                upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(b.address), b.size, chunk_alignment);
-                released += b.size;
-            });
-        }
-        return released;
-    }
-
-    // ---- odd frees ----
-
-    void quarantine(std::uintptr_t address, std::size_t size) noexcept {
-        static_cast<void>(address);
-        quarantined_bytes_.fetch_add(size, std::memory_order_relaxed);
+        for (auto& blocks : taken) store_.insert_runs(blocks);
     }
 
     /// For a stream without a shard: wait for it, then the block is idle and any stream may take it.
@@ -818,22 +658,12 @@ private:
         try {
             platform_type::synchronize(stream);
         } catch (...) {
-            report_failure("stream_ordered_pool: synchronizing a stream to give a block back failed");
-            quarantine(address, size);
+            report_failure("stream_ordered_pool: synchronizing a stream to give a block back failed; the block is "
+                           "quarantined");
+            store_.quarantine(size);
             return;
         }
-        std::lock_guard lock(shared_mutex_);
-        try {
-            const detail::free_block b = chunks_.locate({address, size, 0});
-            shared_[b.kind].insert(b);
-        } catch (...) {
-            lose(size);
-        }
-    }
-
-    void lose(std::size_t size) noexcept {
-        quarantined_bytes_.fetch_add(size, std::memory_order_relaxed);
-        report_failure("stream_ordered_pool: no host memory to record a free block; it stays unused until the pool ends");
+        store_.insert({address, size, 0});
     }
 
     // ---- counters ----
@@ -864,50 +694,29 @@ private:
         peak_.release(r.bytes);
     }
 
-    [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::size_t alignment, std::string reason) const {
+    [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::size_t alignment, std::string_view reason) const {
         const pool_statistics p = detailed_statistics();
-        std::string d = reason.empty() ? std::string() : reason + "; ";
-        d += "pool: live " + std::to_string(p.totals.live_bytes) + " B (" + std::to_string(p.live_block_bytes) +
-             " B in blocks), reserved " + std::to_string(p.totals.reserved_bytes) + " B in " +
-             std::to_string(p.chunks) + " chunks, largest free block " + std::to_string(p.largest_free_block) +
-             " B, shared free " + std::to_string(p.shared_free_bytes) + " B, free per stream [";
-        bool first = true;
-        for (const auto& s : p.per_stream) {
-            d += (first ? "" : ", ") + custody::detail::to_hex(s.stream_key) + ": " + std::to_string(s.bytes) + " B";
-            first = false;
-        }
-        char ratio[96];
-        std::snprintf(ratio, sizeof ratio, "], fragmentation %.3f (reserved/live), %.3f (1 - largest/free)",
-                      p.totals.live_bytes == 0 ? 0.0
-                                               : static_cast<double>(p.totals.reserved_bytes) /
-                                                     static_cast<double>(p.totals.live_bytes),
-                      p.external_fragmentation());
-        d += ratio;
-        throw out_of_memory(bytes, alignment, device_, p.totals, name, d);
+        std::string d(reason);
+        if (!d.empty()) d += "; ";
+        throw out_of_memory(bytes, alignment, device_, p.totals, name, d + p.describe());
     }
 
     // ---- fields ----
-    // Lock order: a shard's mutex, then the chunk map's; shared_mutex_, then the chunk map's;
-    // the peak counter's, then a shard's mutex. A shard's mutex and shared_mutex_ are never
-    // held together, nor is the peak counter's taken while a shard's mutex is held.
+    // Lock order: a shard's lock, then the chunk map's; the shared store's, then the chunk map's;
+    // the peak counter's, then a shard's lock. A shard's lock and the shared store's are never
+    // held together, nor is the peak counter's taken while a shard's lock is held.
 
     Upstream upstream_;
-    pool_options options_;
+    pool_options options_; // validated
     int device_;
     detail::event_pool<platform_type> events_;
+    detail::stream_table<shard> streams_; // a shard per stream met, at most max_streams
+    detail::shared_store<Upstream> store_;
+    std::size_t request_limit_; // larger requests fail at once (limits, budget)
 
-    detail::stream_table<shard> streams_;             // a shard per stream met, at most max_streams
-    detail::growth_rule growth_;
-    std::size_t request_limit_;                       // larger requests fail at once (limits, budget)
-
-    mutable std::mutex shared_mutex_;
-    detail::per_kind<detail::free_set> shared_;         // [block_kind::small], [block_kind::large]; guarded by shared_mutex_
-    detail::chunk_map chunks_;                        // what was taken from the upstream
-    std::atomic<std::size_t> quarantined_bytes_{0};   // blocks never reused again (capture, lost)
-
-    // chunks_.reserved() = live block bytes + per-stream cached + shared_[*].bytes() + quarantined_bytes_
-    detail::peak_counter peak_;          // live bytes: the shards' counts.live_bytes + slow_'s
-    detail::atomic_counters slow_;       // the slow path's allocations, the frees without a shard
+    // store_.reserved() = live block bytes + the shards' cached + shared free + quarantined
+    detail::peak_counter peak_;    // live bytes: the shards' counts.live_bytes + slow_'s
+    detail::atomic_counters slow_; // the slow path's allocations, the frees without a shard
     detail::activity_counters activity_;
 };
 

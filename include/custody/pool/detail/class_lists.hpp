@@ -52,13 +52,20 @@ public:
         return epoch_ == owner_epoch ? std::min<std::size_t>(covered_, blocks_.size()) : blocks_.size();
     }
 
-    /// Removes and returns the newest covered block when it starts at a multiple of `alignment`;
-    /// 0 otherwise. O(size) (an erase inside the list).
-    [[nodiscard]] std::uintptr_t take_newest_covered(std::uint32_t owner_epoch, std::size_t alignment) noexcept {
+    /// The newest covered block when it starts at a multiple of `alignment`; 0 otherwise.
+    [[nodiscard]] std::uintptr_t newest_covered(std::uint32_t owner_epoch, std::size_t alignment) const noexcept {
         const std::size_t k = covered(owner_epoch);
         if (k == 0) return 0;
         const std::uintptr_t address = blocks_[k - 1];
-        if (alignment > granule && (address & (alignment - 1)) != 0) return 0;
+        return alignment > granule && (address & (alignment - 1)) != 0 ? 0 : address;
+    }
+
+    /// Removes and returns newest_covered(owner_epoch, alignment) (0: nothing removed). O(size)
+    /// (an erase inside the list).
+    [[nodiscard]] std::uintptr_t take_newest_covered(std::uint32_t owner_epoch, std::size_t alignment) noexcept {
+        const std::uintptr_t address = newest_covered(owner_epoch, alignment);
+        if (address == 0) return 0;
+        const std::size_t k = covered(owner_epoch);
         blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(k - 1));
         if (epoch_ == owner_epoch) covered_ = static_cast<std::uint32_t>(k - 1);
         return address;
@@ -99,6 +106,10 @@ public:
     }
     /// How many blocks of class `c` are covered.
     [[nodiscard]] std::size_t covered(std::size_t c) const noexcept { return lists_[c].covered(epoch_); }
+    /// The newest covered block of class `c` when aligned; 0 otherwise.
+    [[nodiscard]] std::uintptr_t newest_covered(std::size_t c, std::size_t alignment) const noexcept {
+        return lists_[c].newest_covered(epoch_, alignment);
+    }
     /// Takes the newest covered block of class `c` when aligned; 0 otherwise.
     [[nodiscard]] std::uintptr_t take_newest_covered(std::size_t c, std::size_t alignment) noexcept {
         return lists_[c].take_newest_covered(epoch_, alignment);

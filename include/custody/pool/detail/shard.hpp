@@ -4,6 +4,7 @@
 #pragma once
 
 #include <custody/pool/detail/block_kind.hpp>
+#include <custody/pool/detail/chunk_map.hpp>
 #include <custody/pool/detail/class_lists.hpp>
 #include <custody/pool/detail/counters.hpp>
 #include <custody/pool/detail/free_set.hpp>
@@ -16,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 namespace custody::pool::detail {
 
@@ -111,6 +113,68 @@ struct alignas(64) shard {
         if (address != 0) cached -= size;
         return address;
     }
+    // ---- moving blocks between the shard's structures ----
+
+    /// Keeps a large block given back now among the recent blocks; the oldest moves to the spans
+    /// when there is no room. Precondition: !recent.full() || recent.covered() != 0 (the caller
+    /// records first otherwise, as the spans hold only covered blocks). Strong: a bad_alloc (from
+    /// the spans) changes nothing.
+    void keep_recent(const free_block& b, const chunk_map& chunks) {
+        if (recent.full()) {
+            const free_block oldest = chunks.locate(recent.oldest());
+            spans[oldest.kind].insert(oldest);
+            recent.pop_oldest();
+        }
+        recent.push(b);
+    }
+
+    /// Moves the `count` oldest recent blocks (count <= recent.covered()) into the spans,
+    /// coalescing. A bad_alloc leaves the blocks not yet moved among the recent ones, where they
+    /// serve as well.
+    void merge_recent(std::size_t count, const chunk_map& chunks) noexcept {
+        try {
+            for (; count != 0; --count) {
+                const free_block b = chunks.locate(recent.oldest());
+                spans[b.kind].insert(b);
+                recent.pop_oldest();
+            }
+        } catch (...) {
+        }
+    }
+
+    /// Moves every size-class block into the spans, coalescing runs of neighbours (see
+    /// chunk_map::insert_runs), through `scratch` (reserved by the caller for
+    /// classes.count(false) blocks). Precondition: every block is covered. Blocks that no node
+    /// could store go to `lost(size)`.
+    template <class Lost>
+    void merge_classes(std::vector<free_block>& scratch, const chunk_map& chunks, Lost&& lost) noexcept {
+        classes.take(false, [&](std::uintptr_t a, std::size_t size) { scratch.push_back({a, size, 0}); });
+        cached -= chunks.insert_runs(scratch, spans, lost);
+    }
+
+    /// Takes every block (or the covered ones) out of the shard, chunks to be looked up by the
+    /// receiver. Strong: throws bad_alloc before taking anything.
+    [[nodiscard]] std::vector<free_block> take_blocks(bool covered_only, std::size_t record_interval) {
+        std::vector<free_block> blocks;
+        const std::size_t from_recent = covered_only ? recent.covered() : recent.size();
+        blocks.reserve(spans[block_kind::small].count() + spans[block_kind::large].count() + from_recent +
+                       classes.count(covered_only));
+        classes.take(covered_only, [&](std::uintptr_t a, std::size_t size) { blocks.push_back({a, size, 0}); });
+        recent.take_oldest(from_recent, [&](const free_block& b) { blocks.push_back(b); });
+        for (block_kind kind : block_kinds) {
+            spans[kind].drain([&](free_block b) {
+                b.kind = kind;
+                blocks.push_back(b);
+            });
+        }
+        for (const auto& b : blocks) cached -= b.size;
+        if (!covered_only) {
+            to_record = record_interval;
+            uncovered_bytes = 0;
+        }
+        return blocks;
+    }
+
     /// The bytes of the size-class lists.
     [[nodiscard]] std::size_t class_bytes() const noexcept {
         return cached - spans[block_kind::small].bytes() - spans[block_kind::large].bytes() - recent.bytes();
