@@ -33,7 +33,6 @@
 #include <custody/pool/capture_error.hpp>
 #include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/counters.hpp>
-#include <custody/pool/detail/event_pool.hpp>
 #include <custody/pool/detail/free_set.hpp>
 #include <custody/pool/detail/growth.hpp>
 #include <custody/pool/detail/peak_counter.hpp>
@@ -41,7 +40,7 @@
 #include <custody/pool/detail/shard.hpp>
 #include <custody/pool/detail/shared_store.hpp>
 #include <custody/pool/detail/size_classes.hpp>
-#include <custody/pool/detail/stream_table.hpp>
+#include <custody/pool/detail/stream_caches.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/pool_statistics.hpp>
 
@@ -75,11 +74,12 @@ namespace custody::pool {
 /// call. deallocate(s, p, ...) puts p in s's cache, so p is reused at once by later allocations
 /// on s (they are ordered after the work that used p). Another stream t gets p only once s's
 /// event, recorded on s after the free (every pool_options::record_interval frees or
-/// record_bytes bytes given back on s, or when s's blocks move into its spans), covers it, and then as the reuse_policy allows: once that
+/// record_bytes bytes given back on s, or when s's blocks move into its spans), covers it, and
+/// then as the reuse_policy allows: once that
 /// event has completed (opportunistic), or after making t wait on it (follow_dependencies), or,
 /// under same_stream, only by the last-resort reclaim, which waits on the host (for the event,
 /// or for the whole device when blocks are not yet covered). The synchronous pair acts on the
-/// default stream. The common path makes no driver call.
+/// default stream. The common path makes no driver call but the platform's capture query.
 /// Streams must belong to the pool's device (std::invalid_argument otherwise).
 ///
 /// **Graph capture.** An allocation on a stream being captured throws capture_error and changes
@@ -138,9 +138,8 @@ public:
     template <class... Args>
     explicit stream_ordered_pool(pool_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), options_(validated(options)),
-          device_(upstream_device()), events_(event_device(), options_.initial_events, options_.event_batch),
-          streams_(options_.max_streams), store_(upstream_, options_, device_, chunk_alignment),
-          request_limit_(detail::growth_rule(options_).request_limit()) {
+          device_(upstream_device()), store_(upstream_, options_, device_, chunk_alignment),
+          streams_(options_, device_, store_, activity_), request_limit_(detail::growth_rule(options_).request_limit()) {
         if (options_.initial_size > 0 && !store_.grow_exactly(block_kind::large, align_up(options_.initial_size, granule))) {
             throw out_of_memory(options_.initial_size, chunk_alignment, device_, statistics(), name,
                                 "the pool's initial size could not be taken from its upstream");
@@ -158,25 +157,9 @@ public:
     /// Waits for the work recorded on every stream's event, reports blocks still out, and gives
     /// every chunk back to the upstream.
     ~stream_ordered_pool() {
-        bool uncovered = false;
-        streams_.for_each([&](shard& sh) {
-            uncovered = uncovered || sh.dirty(options_.record_interval);
-            try {
-                sh.event.synchronize();
-            } catch (...) {
-                report_failure("stream_ordered_pool: waiting for a stream's event failed at destruction");
-            }
-        });
-        if (uncovered) {
-            try {
-                synchronize_devices();
-            } catch (...) {
-                report_failure("stream_ordered_pool: synchronizing the device failed at destruction");
-            }
-        }
+        streams_.wait_all();
         report_leaks();
         store_.release_all();
-        streams_.for_each([&](shard& sh) { events_.release(std::move(sh.event)); });
     }
 
     // ---- the resource contract --------------------------------------------------------------
@@ -191,7 +174,7 @@ public:
         if (platform_type::is_capturing(stream)) throw capture_error(platform_type::stream_key(stream), bytes);
         if (bytes > request_limit_) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
         const detail::request r = detail::classify(bytes, alignment);
-        shard* sh = shard_for(stream);
+        shard* sh = streams_.shard_for(stream);
         if (r.small() && sh != nullptr) {
             if (void* p = pop_class(*sh, r)) return p;
         }
@@ -211,10 +194,10 @@ public:
         if (capturing_for_free(stream)) {
             store_.quarantine(r.size);
             on_deallocated_slow(r);
-        } else if (shard* sh = shard_for_free(stream)) {
-            give_back(*sh, stream, address, r);
+        } else if (shard* sh = streams_.shard_for_free(stream)) {
+            streams_.give_back(*sh, stream, address, r);
         } else {
-            give_back_synchronously(stream, address, r.size);
+            streams_.give_back_synchronously(stream, address, r.size);
             on_deallocated_slow(r);
         }
     }
@@ -266,7 +249,7 @@ public:
     /// (coalescing), and gives every wholly free chunk back to the upstream. Returns the bytes
     /// given back. Blocks while streams finish the work recorded before their frees.
     std::size_t trim() {
-        reclaim();
+        streams_.reclaim();
         return store_.release_free_chunks();
     }
 
@@ -282,7 +265,7 @@ public:
 private:
     using block_kind = detail::block_kind;
     using counters = detail::counters;
-    using shard = detail::shard<event_type>;
+    using shard = typename detail::stream_caches<Upstream>::shard;
 
     // ---- construction and destruction ----
 
@@ -300,7 +283,6 @@ private:
             return -1;
         }
     }
-    int event_device() const { return device_ >= 0 ? device_ : platform_type::current_device(); }
 
     /// The pool-wide counters with the call counts `c` summed over the shards.
     [[nodiscard]] resource_statistics totals(const counters& c) const noexcept {
@@ -328,36 +310,6 @@ private:
 
     // ---- streams ----
 
-    /// The stream's shard, made at its first use; nullptr when max_streams shards exist.
-    /// Lock-free when the shard exists. Throws std::invalid_argument for a stream of another
-    /// device, and what making an event throws.
-    shard* shard_for(stream_type stream) {
-        const std::uintptr_t key = platform_type::stream_key(stream);
-        if (shard* sh = streams_.find(key)) return sh;
-        return streams_.find_or_create(key, [&] {
-            if (device_ >= 0 && !(stream == stream_type{}) && platform_type::stream_device(stream) != device_) {
-                throw std::invalid_argument("custody: stream of device " +
-                                            std::to_string(platform_type::stream_device(stream)) +
-                                            " used with a pool of device " + std::to_string(device_));
-            }
-            return std::make_unique<shard>(key, events_.acquire(), options_.record_interval);
-        });
-    }
-
-    /// shard_for for deallocate: nullptr for a stream of another device (served without a
-    /// shard, as documented), and when no shard can be made (reported).
-    shard* shard_for_free(stream_type stream) noexcept {
-        try {
-            return shard_for(stream);
-        } catch (const std::invalid_argument&) {
-            return nullptr;
-        } catch (...) {
-            report_failure("stream_ordered_pool: no shard could be made for a stream; its block is given back "
-                           "after the stream finishes");
-            return nullptr;
-        }
-    }
-
     /// Whether `stream` is capturing, for deallocate: a query that fails counts as capturing (the
     /// block is then quarantined, never reused), and is reported.
     static bool capturing_for_free(stream_type stream) noexcept {
@@ -367,33 +319,6 @@ private:
             report_failure("stream_ordered_pool: asking whether a stream is capturing failed; the block given "
                            "back on it is quarantined");
             return true;
-        }
-    }
-
-    /// Records the shard's event on its stream (its lock held), so that it covers every block the
-    /// shard holds. If the record fails, the stream is synchronized instead (the blocks are then
-    /// idle), and the failure reported.
-    void cover(shard& sh, stream_type stream) noexcept {
-        try {
-            sh.event.record(stream);
-        } catch (...) {
-            try {
-                platform_type::synchronize(stream);
-                report_failure("stream_ordered_pool: recording a stream's event failed; synchronized the stream instead");
-            } catch (...) {
-                report_failure("stream_ordered_pool: recording a stream's event and synchronizing the stream failed");
-            }
-        }
-        sh.on_recorded(options_.record_interval);
-    }
-
-    /// Waits for all work on the pool's device (every device, for a pool of no device). Blocks
-    /// taken from a shard before this call are idle after it.
-    void synchronize_devices() const {
-        if (device_ >= 0) {
-            platform_type::synchronize_device(device_);
-        } else {
-            for (int d = 0; d < platform_type::device_count(); ++d) platform_type::synchronize_device(d);
         }
     }
 
@@ -411,34 +336,6 @@ private:
         }
         if (owed != 0) [[unlikely]] commit(owed);
         return reinterpret_cast<void*>(address);
-    }
-
-    /// Keeps a block given back on the shard's stream (every deallocate with a shard).
-    void give_back(shard& sh, stream_type stream, std::uintptr_t address, const detail::request& r) noexcept {
-        bool stored = false;
-        {
-            std::lock_guard lock(sh.mutex);
-            stored = store_in(sh, stream, address, r);
-            if (stored && sh.stored(r.size, options_.record_bytes)) [[unlikely]] cover(sh, stream);
-            sh.on_deallocated(r);
-        }
-        if (!stored) store_.lose(r.size);
-    }
-
-    /// Puts a block into its class list, or among the recent large blocks (its lock held). False
-    /// when there is no host memory to hold it.
-    bool store_in(shard& sh, stream_type stream, std::uintptr_t address, const detail::request& r) noexcept {
-        try {
-            if (r.small()) {
-                sh.classes.push(r.size_class, address);
-            } else {
-                if (sh.recent.full() && sh.recent.covered() == 0) cover(sh, stream); // the spans hold covered blocks only
-                sh.keep_recent({address, r.size, 0}, store_.chunks()); // its chunk is looked up when it leaves recent
-            }
-            return true;
-        } catch (const std::bad_alloc&) {
-            return false;
-        }
     }
 
     // ---- the slow path: a ladder of steps, each costlier or more disruptive than the last ----
@@ -472,11 +369,11 @@ private:
     /// the shared set; under follow_dependencies, this stream then waits on another's event.
     void* take_from_other_streams(stream_type stream, shard* sh, const detail::request& r) {
         if (options_.reuse == reuse_policy::same_stream) return nullptr;
-        if (drain_completed(sh)) {
+        if (streams_.drain_completed(sh)) {
             if (void* p = take_shared(sh, r)) return p;
         }
-        if (options_.reuse == reuse_policy::follow_dependencies && sh != nullptr) return take_with_dependency(stream, *sh, r);
-        return nullptr;
+        if (options_.reuse != reuse_policy::follow_dependencies || sh == nullptr) return nullptr;
+        return reinterpret_cast<void*>(streams_.take_with_dependency(stream, *sh, r));
     }
 
     /// This stream's cache merged into its spans, before the pool grows. For a small request, its
@@ -489,13 +386,13 @@ private:
     void* take_merged(stream_type stream, shard* sh, const detail::request& r) {
         if (sh == nullptr) return nullptr;
         if (r.small()) {
-            if (!flush_classes(*sh, stream, std::max(r.size, store_.reserved() / 128))) return nullptr;
+            if (!streams_.merge_classes(*sh, stream, std::max(r.size, store_.reserved() / 128))) return nullptr;
             std::lock_guard lock(sh->mutex);
             return reinterpret_cast<void*>(sh->take_span(block_kind::small, r.size, r.alignment));
         }
         std::lock_guard lock(sh->mutex);
         if (sh->recent.empty()) return nullptr;
-        merge_all_recent(*sh, stream);
+        streams_.merge_recent(*sh, stream);
         return reinterpret_cast<void*>(sh->take_span(block_kind::large, r.size, r.alignment));
     }
 
@@ -514,7 +411,7 @@ private:
         }
         if (sh == nullptr) return nullptr;
         std::lock_guard lock(sh->mutex);
-        if (!sh->recent.empty()) merge_all_recent(*sh, stream);
+        streams_.merge_recent(*sh, stream);
         return reinterpret_cast<void*>(sh->take_span(kind, r.size, r.alignment));
     }
 
@@ -522,7 +419,7 @@ private:
     /// retries once; then throws out_of_memory.
     void* take_after_reclaim(const detail::request& r) {
         activity_.count(activity_.reclaims);
-        reclaim();
+        streams_.reclaim();
         const detail::free_block b = store_.take_or_regrow(r.kind, r.size, r.alignment);
         if (b.size != 0) return reinterpret_cast<void*>(b.address);
         activity_.count(activity_.failures);
@@ -546,124 +443,6 @@ private:
             if (!in_spans) store_.insert(t.tail);
         }
         return reinterpret_cast<void*>(t.block.address);
-    }
-
-    /// Merges every recent large block into the spans, recording first when some are not covered
-    /// (its lock held).
-    void merge_all_recent(shard& sh, stream_type stream) noexcept {
-        if (!sh.recent.all_covered()) cover(sh, stream);
-        sh.merge_recent(sh.recent.size(), store_.chunks());
-    }
-
-    /// Moves a shard's size-class blocks into its spans, coalescing them, when they hold at least
-    /// `threshold` bytes; records the event first when some are not covered (the spans hold only
-    /// covered blocks). True when any moved.
-    bool flush_classes(shard& sh, stream_type stream, std::size_t threshold) {
-        std::lock_guard lock(sh.mutex);
-        if (sh.class_bytes() < threshold) return false;
-        const std::size_t count = sh.classes.count(false);
-        if (count == 0) return false;
-        // Sorted by address, blocks cut one after another from a span (a request's KV pages)
-        // form runs that go into the tree as one block: one insert per run, not per block.
-        std::vector<detail::free_block> blocks;
-        blocks.reserve(count); // may throw: nothing has moved yet
-        if (sh.dirty(options_.record_interval)) cover(sh, stream);
-        sh.merge_classes(blocks, store_.chunks(), [&](std::size_t size) { store_.lose(size); });
-        return true;
-    }
-
-    // ---- cross-stream reuse ----
-
-    /// Moves the covered blocks of other streams whose event has completed to the shared set.
-    /// True when anything moved.
-    bool drain_completed(const shard* self) {
-        bool moved = false;
-        streams_.for_each([&](shard& other) {
-            if (&other == self) return;
-            std::vector<detail::free_block> blocks;
-            {
-                std::lock_guard lock(other.mutex);
-                if (other.cached == 0 || !other.event.ready()) return;
-                blocks = other.take_blocks(true, options_.record_interval);
-            }
-            if (blocks.empty()) return;
-            store_.insert_runs(blocks);
-            activity_.count(activity_.opportunistic_reuses);
-            moved = true;
-        });
-        return moved;
-    }
-
-    /// Follow dependencies: finds a fitting covered block in another stream's cache, makes
-    /// `stream` wait on that stream's event (no host synchronization) and takes the block.
-    void* take_with_dependency(stream_type stream, shard& self, const detail::request& r) {
-        void* result = nullptr;
-        streams_.for_each([&](shard& other) {
-            if (result != nullptr || &other == &self) return;
-            std::lock_guard lock(other.mutex);
-            if (other.cached != 0) result = take_covered(stream, other, r);
-        });
-        if (result != nullptr) activity_.count(activity_.dependency_waits);
-        return result;
-    }
-
-    /// A covered block of `other` (its lock held) for `r`, taken behind `other`'s event; nullptr
-    /// when none fits.
-    void* take_covered(stream_type stream, shard& other, const detail::request& r) {
-        if (r.small() && other.classes.newest_covered(r.size_class, r.alignment) != 0) {
-            platform_type::wait(stream, other.event);
-            other.cached -= r.size;
-            return reinterpret_cast<void*>(other.classes.take_newest_covered(r.size_class, r.alignment));
-        }
-        if (!r.small() && other.recent.covered() != 0) other.merge_recent(other.recent.covered(), store_.chunks());
-        if (!other.spans[r.kind].fits(r.size, r.alignment)) return nullptr;
-        platform_type::wait(stream, other.event);
-        return reinterpret_cast<void*>(other.take_span(r.kind, r.size, r.alignment));
-    }
-
-    /// Moves every stream's cache to the shared set once its blocks are idle: a stream whose
-    /// blocks are all covered is waited for through its event, the others through one
-    /// synchronization of the device (their streams may be gone; the device has their work).
-    void reclaim() {
-        std::vector<std::vector<detail::free_block>> taken;
-        taken.reserve(streams_.size()); // no allocation once blocks are out
-        bool uncovered = false;
-        streams_.for_each([&](shard& sh) {
-            if (taken.size() == taken.capacity()) return; // a shard created during the reclaim
-            std::lock_guard lock(sh.mutex);
-            if (sh.cached == 0) return;
-            if (!sh.dirty(options_.record_interval)) {
-                sh.event.synchronize();
-            } else {
-                uncovered = true;
-            }
-            taken.push_back(sh.take_blocks(false, options_.record_interval));
-        });
-        if (uncovered) {
-            try {
-                synchronize_devices();
-            } catch (...) {
-                // Their work may still be running: they are never reused.
-                for (const auto& blocks : taken) {
-                    for (const auto& b : blocks) store_.quarantine(b.size);
-                }
-                throw;
-            }
-        }
-        for (auto& blocks : taken) store_.insert_runs(blocks);
-    }
-
-    /// For a stream without a shard: wait for it, then the block is idle and any stream may take it.
-    void give_back_synchronously(stream_type stream, std::uintptr_t address, std::size_t size) noexcept {
-        try {
-            platform_type::synchronize(stream);
-        } catch (...) {
-            report_failure("stream_ordered_pool: synchronizing a stream to give a block back failed; the block is "
-                           "quarantined");
-            store_.quarantine(size);
-            return;
-        }
-        store_.insert({address, size, 0});
     }
 
     // ---- counters ----
@@ -709,15 +488,14 @@ private:
     Upstream upstream_;
     pool_options options_; // validated
     int device_;
-    detail::event_pool<platform_type> events_;
-    detail::stream_table<shard> streams_; // a shard per stream met, at most max_streams
+    detail::activity_counters activity_;
     detail::shared_store<Upstream> store_;
+    detail::stream_caches<Upstream> streams_;
     std::size_t request_limit_; // larger requests fail at once (limits, budget)
 
     // store_.reserved() = live block bytes + the shards' cached + shared free + quarantined
     detail::peak_counter peak_;    // live bytes: the shards' counts.live_bytes + slow_'s
     detail::atomic_counters slow_; // the slow path's allocations, the frees without a shard
-    detail::activity_counters activity_;
 };
 
 } // namespace custody::pool
