@@ -14,7 +14,7 @@
 ///   interop/     pmr_adaptor, bind_device, pluggable_allocator
 /// With the CUDA runtime's headers on the include path (detected with __has_include):
 ///   platform/cuda.hpp, resource/{cuda_malloc,cuda_async,pinned_host,managed}.hpp,
-///   buffer/device_buffer.hpp (device_buffer, pinned_buffer, device_scalar), pool/cuda_memory_info.hpp
+///   buffer/device_buffer.hpp (device_buffer, pinned_buffer, device_scalar)
 /// Not included, because they need more than the runtime: interop/cccl.hpp (CCCL's experimental
 /// memory resources), interop/thrust.hpp (Thrust), and the NCCL headers (interop/nccl_*.hpp,
 /// debug/nccl_*.hpp).
@@ -52,7 +52,6 @@
 #if __has_include(<cuda_runtime_api.h>)
 #include <custody/buffer/device_buffer.hpp>
 #include <custody/platform/cuda.hpp>
-#include <custody/pool/cuda_memory_info.hpp>
 #include <custody/resource/cuda_async.hpp>
 #include <custody/resource/cuda_malloc.hpp>
 #include <custody/resource/managed.hpp>

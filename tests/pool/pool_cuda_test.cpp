@@ -2,7 +2,6 @@
 // (refused with capture_error, nothing recorded). Exits 77 (skipped) without a CUDA device.
 #define CATCH_CONFIG_RUNNER
 #include <custody/platform/cuda.hpp>
-#include <custody/pool/cuda_memory_info.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 
 #include <custody/resource/cuda_malloc.hpp>
@@ -97,7 +96,7 @@ TEST_CASE("cuda: follow_dependencies makes the taking stream wait on the giver's
 
 TEST_CASE("cuda: an allocation during graph capture is refused and records nothing", "[pool][cuda][graph]") {
     pool_options o;
-    o.memory_info = &custody::pool::cuda_memory_info;
+    o.memory_info = &platform::memory_info;
     o.device_headroom = 0;
     pool_type pool(o, 0);
     custody::cuda::stream s(0);

@@ -709,8 +709,8 @@ TEST_CASE("the device budget keeps headroom, from a capacity or a memory query",
         pool_options o;
         o.growth_step = 4 * MiB;
         o.device_headroom = 2 * MiB;
-        o.memory_info = [](int) -> std::optional<custody::pool::device_memory> {
-            return custody::pool::device_memory{device_free.load(), 16 * MiB};
+        o.memory_info = [](int) -> std::optional<custody::device_memory> {
+            return custody::device_memory{device_free.load(), 16 * MiB};
         };
         stream_ordered_pool<host_memory> pool(o);
         void* p = pool.allocate_sync(3 * MiB, 256); // 4 MiB chunk: 10 - 4 >= 2

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -149,6 +150,9 @@ struct platform {
         CUSTODY_CUDA_TRY(cudaStreamIsCapturing(s.get(), &status));
         return status != cudaStreamCaptureStatusNone;
     }
+    /// cudaMemGetInfo on `device` (the caller's current device is restored); nothing if the query
+    /// fails. A driver call: the pool asks only when it grows.
+    [[nodiscard]] static std::optional<device_memory> memory_info(int device) noexcept;
     static void memcpy_async(void* dst, const void* src, std::size_t bytes, stream_view s) {
         if (bytes == 0) return;
         CUSTODY_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s.get()));
@@ -167,6 +171,19 @@ using device_guard = basic_device_guard<platform>;
 inline void platform::synchronize_device(int device) {
     device_guard guard(device);
     CUSTODY_CUDA_TRY(cudaDeviceSynchronize());
+}
+
+inline std::optional<device_memory> platform::memory_info(int device) noexcept {
+    std::optional<device_memory> result;
+    device_guard guard(device, std::nothrow);
+    std::size_t free = 0;
+    std::size_t total = 0;
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+        result = device_memory{free, total};
+    } else {
+        static_cast<void>(cudaGetLastError());
+    }
+    return result;
 }
 
 inline stream::stream(int device) : device_(device) {

@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -311,6 +312,9 @@ struct platform {
         s.state()->enqueue([state = e.state_, ticket = e.ticket_] { state->wait_for(ticket); });
     }
     [[nodiscard]] static bool is_capturing(stream_view) noexcept { return false; }
+    /// Nothing: virtual devices have no memory of their own (a resource such as
+    /// virtual_device_memory gives one its capacity).
+    [[nodiscard]] static std::optional<device_memory> memory_info(int) noexcept { return std::nullopt; }
     static void memcpy_async(void* dst, const void* src, std::size_t bytes, stream_view s) {
         if (bytes == 0) return;
         s.enqueue([=] { std::memcpy(dst, src, bytes); });

@@ -20,6 +20,8 @@
 ///                           (streams destroyed with work pending included) has finished
 ///   P::wait(s, e)           work enqueued on s after this call waits for e, without blocking the host
 ///   P::is_capturing(s)      s is being captured into a graph (always false on the host platform)
+///   P::memory_info(d)       free and total memory of device d now (a device_memory), or nothing
+///                           when the platform cannot tell; never throws
 ///   P::memcpy_async(dst, src, n, s), P::memset_async(dst, v, n, s)
 ///
 ///   event e(device)         created on `device`
@@ -34,10 +36,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 
 namespace custody {
+
+/// What a device has, as its platform reports it (P::memory_info).
+struct device_memory {
+    std::size_t free = 0;  ///< bytes no one has allocated yet
+    std::size_t total = 0; ///< bytes the device has
+};
 
 template <class P>
 concept platform = requires(typename P::stream_view s, typename P::event& e, const typename P::event& ce,
@@ -58,6 +67,7 @@ concept platform = requires(typename P::stream_view s, typename P::event& e, con
     P::synchronize_device(device);
     P::wait(s, ce);
     { P::is_capturing(s) } -> std::same_as<bool>;
+    { P::memory_info(device) } noexcept -> std::same_as<std::optional<device_memory>>;
     P::memcpy_async(dst, src, bytes, s);
     P::memset_async(dst, 0, bytes, s);
     e.record(s);

@@ -3,6 +3,8 @@
 /// streams, and the limits it keeps.
 #pragma once
 
+#include <custody/platform/platform.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -26,14 +28,8 @@ enum class reuse_policy {
     follow_dependencies,
 };
 
-/// What a device has, as the platform reports it.
-struct device_memory {
-    std::size_t free = 0;  ///< bytes no one has allocated yet
-    std::size_t total = 0; ///< bytes the device has
-};
-
-/// A function that tells how much memory `device` has free now (cudaMemGetInfo on the cuda
-/// platform: custody::pool::cuda_memory_info in pool/cuda_memory_info.hpp), or nothing.
+/// A function that tells how much memory `device` has free now, or nothing: the platform's
+/// `Platform::memory_info` (cudaMemGetInfo on the cuda platform), or one of the caller's own.
 using memory_info_function = std::optional<device_memory> (*)(int device);
 
 /// How a stream_ordered_pool grows and what it keeps. Every field has a default that suits an
