@@ -98,6 +98,10 @@ private:
 /// Thread safety: none; the shard's lock guards it. Memory: about 4.6 KiB without blocks.
 class class_lists {
 public:
+    /// Empty lists whose epoch starts at `first_epoch` (>= 1; the default is the shard's), so that
+    /// the wrap can be reached in a test without 2^32 records.
+    explicit class_lists(std::uint32_t first_epoch = 1) noexcept : epoch_(first_epoch) {}
+
     /// Gives back a block of class `c`. Strong: a bad_alloc changes nothing.
     void push(std::size_t c, std::uintptr_t address) { lists_[c].push(address, epoch_); }
     /// Takes the newest block of class `c` when aligned (see class_list::pop); 0 otherwise.
@@ -153,7 +157,7 @@ public:
 
 private:
     std::array<class_list, class_count> lists_;
-    std::uint32_t epoch_ = 0; ///< records so far, wrapping from 2^32 - 1 to 1 (see on_record)
+    std::uint32_t epoch_; ///< >= 1: 1 + records so far, wrapping from 2^32 - 1 to 1 (see on_record)
 };
 
 } // namespace custody::pool::detail

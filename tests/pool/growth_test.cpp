@@ -1,0 +1,341 @@
+// The pool's growth, trim and destruction, bad inputs, limits and out-of-memory diagnostics.
+#include <custody/platform/host.hpp>
+#include <custody/pool/stream_ordered_pool.hpp>
+#include <custody/resource/host_memory.hpp>
+#include <custody/resource/virtual_device_memory.hpp>
+
+#include "../support/catch.hpp"
+#include "support.hpp"
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+using custody::host::platform;
+using custody::pool::pool_options;
+using custody::pool::reuse_policy;
+using custody::pool::stream_ordered_pool;
+using custody::resource::host_memory;
+using custody::resource::virtual_device_memory;
+using namespace custody_pool_test;
+namespace detail = custody::pool::detail;
+
+static_assert(custody::try_allocatable_resource<host_memory>);
+static_assert(custody::stream_ordered_resource<stream_ordered_pool<host_memory>>);
+static_assert(custody::resource_with_statistics<stream_ordered_pool<host_memory>>);
+static_assert(custody::device_bound_resource<stream_ordered_pool<virtual_device_memory>>);
+static_assert(custody::has_property<stream_ordered_pool<virtual_device_memory>, custody::device_accessible>);
+static_assert(custody::has_property<stream_ordered_pool<host_memory>, custody::host_accessible>);
+static_assert(!std::is_copy_constructible_v<stream_ordered_pool<host_memory>> &&
+              !std::is_move_constructible_v<stream_ordered_pool<host_memory>>);
+
+// ---- growth, reuse, trim, destruction ------------------------------------------------------------
+
+TEST_CASE("the pool grows in chunks, reuses on the fast path and trims what is wholly free", "[pool]") {
+    pool_options o;
+    o.initial_size = 4 * MiB;
+    o.growth_step = 2 * MiB;
+    stream_ordered_pool<virtual_device_memory> pool(o, 0, 64 * MiB);
+    CHECK(pool.statistics().reserved_bytes == 4 * MiB);
+    CHECK(pool.upstream().used() == 4 * MiB);
+    custody::host::stream s;
+    // Size-class blocks come from chunks of their own: the first takes a growth step.
+    void* p = pool.allocate(s, 1000, 256);
+    CHECK(pool.statistics().reserved_bytes == 6 * MiB);
+    pool.deallocate(s, p, 1000, 256);
+    void* q = pool.allocate(s, 900, 256); // same class (1024), same stream: the same block
+    CHECK(q == p);
+    // Large blocks come from the initial chunk while it has room...
+    void* big = pool.allocate(s, 3 * MiB, 256);
+    CHECK(pool.statistics().reserved_bytes == 6 * MiB);
+    CHECK(pool.detailed_statistics().chunks == 2);
+    // ...then from a chunk of their own, rounded up to 2 MiB, when larger than the growth step.
+    void* big2 = pool.allocate(s, 3 * MiB, 256);
+    CHECK(pool.statistics().reserved_bytes == 10 * MiB);
+    CHECK(pool.detailed_statistics().chunks == 3);
+    CHECK(pool.detailed_statistics().upstream_allocations == 3);
+    check_accounting(pool);
+    pool.deallocate(s, big, 3 * MiB, 256);
+    pool.deallocate(s, big2, 3 * MiB, 256);
+    CHECK(pool.trim() == 8 * MiB); // the two large chunks are wholly free; the small one holds q
+    CHECK(pool.statistics().reserved_bytes == 2 * MiB);
+    CHECK(pool.upstream().used() == 2 * MiB);
+    pool.deallocate(s, q, 900, 256);
+    CHECK(pool.trim() == 2 * MiB);
+    CHECK(pool.statistics().reserved_bytes == 0);
+    CHECK(pool.upstream().used() == 0);
+    check_accounting(pool);
+}
+
+TEST_CASE("chunks grow with the pool: growth_step, then reserved / growth_divisor", "[pool]") {
+    pool_options o;
+    o.growth_step = 1 * MiB;
+    o.growth_divisor = 4;
+    stream_ordered_pool<host_memory> pool(o);
+    std::vector<void*> blocks;
+    for (int i = 0; i < 16; ++i) blocks.push_back(pool.allocate_sync(1 * MiB + 4096, 256)); // large kind
+    const auto p = pool.detailed_statistics();
+    // Sizes: 2 MiB (own size, rounded) while reserved / 4 < 2 MiB, then reserved / 4 rounded down
+    // to whole 2 MiB pages (4 MiB at 16 MiB reserved, holding three blocks), ...
+    CHECK(p.chunks < 16);
+    CHECK(p.totals.reserved_bytes >= 16 * (MiB + 4096));
+    for (void* b : blocks) pool.deallocate_sync(b, 1 * MiB + 4096, 256);
+    check_accounting(pool);
+}
+
+TEST_CASE("chunks sized by the growth divisor are whole 2 MiB pages", "[pool]") {
+    pool_options o;
+    o.growth_step = 2 * MiB;
+    o.growth_divisor = 4;
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream s;
+    std::vector<void*> blocks;
+    // Size-class blocks of 64 KiB: every growth takes a chunk sized by the divisor alone. Unrounded,
+    // 10 MiB reserved would take 2.5 MiB next; rounded down, 2 MiB.
+    while (pool.statistics().reserved_bytes < 40 * MiB) {
+        blocks.push_back(pool.allocate(s, 64 * KiB, 256));
+        CHECK(pool.statistics().reserved_bytes % (2 * MiB) == 0);
+    }
+    CHECK(pool.detailed_statistics().chunks < 20); // chunks still grow with the pool
+    for (void* b : blocks) pool.deallocate(s, b, 64 * KiB, 256);
+    check_accounting(pool);
+}
+
+TEST_CASE("the rest of a large block's chunk stays beside it on its stream, so the chunk comes back whole",
+          "[pool]") {
+    pool_options o;
+    o.growth_step = 2 * MiB;
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream s;
+    // A 1.5 MiB block takes a 2 MiB chunk; the 0.5 MiB behind it can serve no large request alone.
+    void* a = pool.allocate(s, 3 * MiB / 2, 256);
+    auto p = pool.detailed_statistics();
+    CHECK(p.totals.reserved_bytes == 2 * MiB);
+    CHECK(p.shared_free_bytes == 0);
+    CHECK(p.stream_cached_bytes == MiB / 2); // kept by the stream, not the shared set
+    check_accounting(pool);
+    pool.deallocate(s, a, 3 * MiB / 2, 256);
+    // The block and the rest join again: the whole chunk serves a larger request without growing.
+    void* b = pool.allocate(s, 2 * MiB, 256);
+    CHECK(b == a);
+    CHECK(pool.statistics().reserved_bytes == 2 * MiB);
+    check_accounting(pool);
+    pool.deallocate(s, b, 2 * MiB, 256);
+    CHECK(pool.trim() == 2 * MiB);
+    check_accounting(pool);
+}
+
+TEST_CASE("large blocks are split and their free neighbours coalesced", "[pool]") {
+    pool_options o;
+    o.growth_step = 8 * MiB;
+    o.maximum_size = 8 * MiB; // the 7 MiB below can only be a, b and c joined
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream s;
+    void* a = pool.allocate(s, 2 * MiB, 256);
+    void* b = pool.allocate(s, 3 * MiB, 256);
+    void* c = pool.allocate(s, 2 * MiB, 256);
+    CHECK(static_cast<char*>(b) == static_cast<char*>(a) + 2 * MiB);
+    CHECK(static_cast<char*>(c) == static_cast<char*>(b) + 3 * MiB);
+    pool.deallocate(s, a, 2 * MiB, 256);
+    pool.deallocate(s, c, 2 * MiB, 256);
+    pool.deallocate(s, b, 3 * MiB, 256); // joins a and c
+    void* d = pool.allocate(s, 7 * MiB, 256);
+    CHECK(d == a);
+    CHECK(pool.detailed_statistics().chunks == 1);
+    pool.deallocate(s, d, 7 * MiB, 256);
+    // A large block given back and asked for again at its size comes back at once.
+    void* e = pool.allocate(s, 7 * MiB, 256);
+    CHECK(e == d);
+    pool.deallocate(s, e, 7 * MiB, 256);
+    check_accounting(pool);
+}
+
+TEST_CASE("destruction gives every chunk back and reports blocks still out", "[pool]") {
+    failure_log log;
+    auto pool = std::make_unique<stream_ordered_pool<virtual_device_memory>>(pool_options{}, 0, 256 * MiB);
+    void* p = pool->allocate_sync(4000, 256);
+    REQUIRE(p != nullptr);
+    const auto& upstream = pool->upstream();
+    CHECK(upstream.used() == 2 * MiB); // one chunk of the default growth step
+    pool.reset();
+    REQUIRE(failure_log::lines().size() == 1);
+    CHECK(failure_log::lines()[0].find("1 blocks (4000 bytes) still allocated") != std::string::npos);
+}
+
+TEST_CASE("a clean pool reports nothing when destroyed", "[pool]") {
+    failure_log log;
+    {
+        stream_ordered_pool<host_memory> pool;
+        custody::host::stream s;
+        void* p = pool.allocate(s, 100, 256);
+        pool.deallocate(s, p, 100, 256);
+    }
+    CHECK(failure_log::lines().empty());
+}
+
+// ---- bad inputs ----------------------------------------------------------------------------------
+
+TEST_CASE("bad alignments and streams of another device are invalid_argument and change nothing", "[pool]") {
+    stream_ordered_pool<virtual_device_memory> pool(pool_options{}, 2, 64 * MiB);
+    custody::host::stream own(2);
+    void* held = pool.allocate(own, 5000, 256);
+    const auto before = pool.detailed_statistics();
+    for (std::size_t a : {std::size_t{0}, std::size_t{3}, std::size_t{96}, std::size_t{8192}}) {
+        CHECK_THROWS_AS(pool.allocate(own, 64, a), std::invalid_argument);
+    }
+    custody::host::stream other(5);
+    CHECK_THROWS_AS(pool.allocate(other, 64, 256), std::invalid_argument);
+    const auto after = pool.detailed_statistics();
+    CHECK(after.totals == before.totals);
+    CHECK(after.streams == before.streams);
+    pool.deallocate(own, held, 5000, 256);
+    pool_options zero;
+    zero.max_streams = 0;
+    CHECK_THROWS_AS(stream_ordered_pool<host_memory>(zero), std::invalid_argument);
+}
+
+TEST_CASE("alignments up to a page are served from the size classes and the large path", "[pool]") {
+    stream_ordered_pool<host_memory> pool;
+    custody::host::stream s;
+    std::vector<std::pair<void*, std::size_t>> blocks;
+    for (std::size_t a = 256; a <= 4096; a *= 2) {
+        for (std::size_t n : {std::size_t{300}, std::size_t{70000}, 2 * MiB + 1}) {
+            void* p = pool.allocate(s, n, a);
+            CHECK(custody::is_aligned(p, a));
+            std::memset(p, 0x11, n);
+            blocks.emplace_back(p, n);
+        }
+    }
+    for (auto [p, n] : blocks) pool.deallocate(s, p, n, 256);
+    // A page-aligned request can skip cached blocks that are not page-aligned.
+    void* q = pool.allocate(s, 300, 4096);
+    CHECK(custody::is_aligned(q, 4096));
+    pool.deallocate(s, q, 300, 4096);
+    check_accounting(pool);
+}
+
+// ---- limits and failure ---------------------------------------------------------------------------
+
+TEST_CASE("out_of_memory comes after a reclaim, says why, and leaves live blocks as they were", "[pool][oom]") {
+    pool_options o;
+    o.growth_step = 1 * MiB;
+    o.maximum_size = 4 * MiB;
+    stream_ordered_pool<virtual_device_memory> pool(o, 0, 64 * MiB);
+    custody::host::stream a;
+    custody::host::stream b;
+    void* x = pool.allocate(a, 3 * MiB, 256);
+    void* y = pool.allocate(b, 512 * KiB, 256);
+    void* z = pool.allocate(b, 100 * KiB, 256);
+    pool.deallocate(b, z, 100 * KiB, 256);
+    const auto before = pool.statistics();
+    try {
+        static_cast<void>(pool.allocate(a, 2 * MiB, 256));
+        FAIL("2 MiB fit in a pool limited to 4 MiB with 3.5 MiB live");
+    } catch (const custody::out_of_memory& e) {
+        const std::string what = e.what();
+        INFO(what);
+        CHECK(e.requested() == 2 * MiB);
+        CHECK(what.find("largest free block") != std::string::npos);
+        CHECK(what.find("free per stream") != std::string::npos);
+        CHECK(what.find("fragmentation") != std::string::npos);
+        CHECK(what.find("reserved") != std::string::npos);
+        CHECK(e.statistics().live_bytes == before.live_bytes);
+    }
+    const auto after = pool.statistics();
+    CHECK(after.live_bytes == before.live_bytes);
+    CHECK(after.live_allocations == before.live_allocations);
+    CHECK(after.allocations == before.allocations);
+    CHECK(pool.detailed_statistics().reclaims == 1);
+    CHECK(pool.detailed_statistics().failures == 1);
+    check_accounting(pool);
+    // A request above the limit fails at once, without a reclaim.
+    CHECK_THROWS_AS(pool.allocate(a, 5 * MiB, 256), custody::out_of_memory);
+    CHECK(pool.detailed_statistics().reclaims == 1);
+    pool.deallocate(a, x, 3 * MiB, 256);
+    pool.deallocate(b, y, 512 * KiB, 256);
+    void* w = pool.allocate(a, 2 * MiB, 256); // and it works again once memory is free
+    pool.deallocate(a, w, 2 * MiB, 256);
+    check_accounting(pool);
+}
+
+TEST_CASE("the reclaim coalesces blocks cached by different streams", "[pool][oom]") {
+    pool_options o;
+    o.growth_step = 4 * MiB;
+    o.maximum_size = 4 * MiB;
+    o.reuse = reuse_policy::same_stream;
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream a;
+    custody::host::stream b;
+    void* p = pool.allocate(a, 2 * MiB, 256);
+    void* q = pool.allocate(b, 2 * MiB, 256);
+    pool.deallocate(a, p, 2 * MiB, 256);
+    pool.deallocate(b, q, 2 * MiB, 256);
+    void* r = pool.allocate(a, 4 * MiB, 256); // only the two halves joined can serve it
+    CHECK(r == std::min(p, q));
+    pool.deallocate(a, r, 4 * MiB, 256);
+    check_accounting(pool);
+}
+
+TEST_CASE("the device budget keeps headroom, from a capacity or a memory query", "[pool][limits]") {
+    {
+        pool_options o;
+        o.growth_step = 1 * MiB;
+        o.device_capacity = 8 * MiB;
+        o.device_headroom = 3 * MiB;
+        stream_ordered_pool<host_memory> pool(o);
+        std::vector<void*> blocks;
+        for (int i = 0; i < 5; ++i) blocks.push_back(pool.allocate_sync(1 * MiB, 256));
+        CHECK_THROWS_AS(pool.allocate_sync(1 * MiB, 256), custody::out_of_memory);
+        CHECK_THROWS_AS(pool.allocate_sync(6 * MiB, 256), custody::out_of_memory);
+        CHECK(pool.statistics().reserved_bytes == 5 * MiB);
+        for (void* p : blocks) pool.deallocate_sync(p, 1 * MiB, 256);
+    }
+    {
+        static std::atomic<std::size_t> device_free{10 * MiB};
+        pool_options o;
+        o.growth_step = 4 * MiB;
+        o.device_headroom = 2 * MiB;
+        o.memory_info = [](int) -> std::optional<custody::device_memory> {
+            return custody::device_memory{device_free.load(), 16 * MiB};
+        };
+        stream_ordered_pool<host_memory> pool(o);
+        void* p = pool.allocate_sync(3 * MiB, 256); // 4 MiB chunk: 10 - 4 >= 2
+        device_free = 5 * MiB;                      // someone else took memory
+        CHECK_THROWS_AS(pool.allocate_sync(4 * MiB, 256), custody::out_of_memory);
+        device_free = 7 * MiB;
+        void* q = pool.allocate_sync(4 * MiB, 256); // 4 MiB: 7 - 4 >= 2
+        CHECK(pool.statistics().reserved_bytes == 8 * MiB);
+        pool.deallocate_sync(p, 3 * MiB, 256);
+        pool.deallocate_sync(q, 4 * MiB, 256);
+    }
+}
+
+TEST_CASE("each stream takes one event from the stock when first seen, none afterwards", "[pool][events]") {
+    pool_options o;
+    o.initial_events = 2;
+    o.event_batch = 2;
+    stream_ordered_pool<virtual_device_memory> pool(o, 4, 64 * MiB);
+    custody::host::device_guard on_device(4);
+    std::vector<custody::host::stream> streams;
+    for (int i = 0; i < 5; ++i) streams.emplace_back(4);
+    for (int round = 0; round < 3; ++round) {
+        for (auto& s : streams) {
+            void* p = pool.allocate(s, 512, 256);
+            pool.deallocate(s, p, 512, 256);
+        }
+    }
+    CHECK(pool.detailed_statistics().streams == 5);
+    check_accounting(pool);
+}
+
+TEST_CASE("an initial size the upstream cannot give is out_of_memory from the constructor", "[pool][oom]") {
+    pool_options o;
+    o.initial_size = 2 * MiB;
+    CHECK_THROWS_AS(stream_ordered_pool<virtual_device_memory>(o, 0, 1 * MiB), custody::out_of_memory);
+    o.maximum_size = 1 * MiB; // the limit applies to the initial chunk too
+    CHECK_THROWS_AS(stream_ordered_pool<host_memory>(o), custody::out_of_memory);
+}
