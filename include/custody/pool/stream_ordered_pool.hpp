@@ -137,7 +137,7 @@ public:
     /// options that cannot work (max_streams == 0), and what the platform throws creating events.
     template <class... Args>
     explicit stream_ordered_pool(pool_options options, Args&&... upstream_args)
-        : upstream_(std::forward<Args>(upstream_args)...), options_(validated(options)),
+        : upstream_(std::forward<Args>(upstream_args)...), options_(detail::validated(options)),
           device_(upstream_device()), store_(upstream_, options_, device_, chunk_alignment),
           streams_(options_, device_, store_, activity_), request_limit_(detail::growth_rule(options_).request_limit()) {
         if (options_.initial_size > 0 && !store_.grow_exactly(block_kind::large, align_up(options_.initial_size, granule))) {
@@ -168,15 +168,15 @@ public:
     /// the call. O(1) for a size-class hit on this stream; see the class comment otherwise.
     /// Throws std::invalid_argument (bad alignment, stream of another device), capture_error,
     /// out_of_memory; the pool is unchanged after any of them.
-    [[nodiscard]] void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment) {
+    [[gnu::always_inline]] [[nodiscard]] void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment) {
         if (!is_pow2(alignment) || alignment > max_alignment) [[unlikely]] check_alignment(alignment, max_alignment);
         if (bytes == 0) return nullptr;
         if (platform_type::is_capturing(stream)) throw capture_error(platform_type::stream_key(stream), bytes);
         if (bytes > request_limit_) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
         const detail::request r = detail::classify(bytes, alignment);
         shard* sh = streams_.shard_for(stream);
-        if (r.small() && sh != nullptr) {
-            if (void* p = pop_class(*sh, r)) return p;
+        if (sh != nullptr) {
+            if (void* p = r.small() ? pop_class(*sh, r) : pop_recent(*sh, r)) return p;
         }
         void* p = allocate_slow(stream, sh, r);
         on_allocated_slow(sh, r);
@@ -187,11 +187,11 @@ public:
     /// reuse_policy allows. `bytes` and `alignment` must be those of the allocation. A block given
     /// back on a capturing stream is quarantined; on a stream without a shard (another device's,
     /// or past max_streams), it goes to the shared set once the stream has finished its work.
-    void deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+    [[gnu::always_inline]] void deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         if (ptr == nullptr) return;
         const detail::request r = detail::classify(bytes, alignment);
         const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-        if (capturing_for_free(stream)) {
+        if (streams_.capturing_for_free(stream)) {
             store_.quarantine(r.size);
             on_deallocated_slow(r);
         } else if (shard* sh = streams_.shard_for_free(stream)) {
@@ -226,13 +226,7 @@ public:
     [[nodiscard]] pool_statistics detailed_statistics() const {
         pool_statistics p;
         counters c = slow_.load();
-        streams_.for_each([&](shard& sh) {
-            std::lock_guard lock(sh.mutex);
-            c += sh.counts;
-            p.per_stream.push_back({sh.key, sh.cached});
-            p.stream_cached_bytes += sh.cached;
-            p.largest_free_block = std::max(p.largest_free_block, sh.largest());
-        });
+        streams_.add_to(p, c);
         store_.add_to(p);
         p.totals = totals(c);
         p.live_block_bytes = static_cast<std::size_t>(c.block_bytes);
@@ -269,13 +263,6 @@ private:
 
     // ---- construction and destruction ----
 
-    static pool_options validated(pool_options o) {
-        if (o.max_streams == 0) throw std::invalid_argument("custody: pool_options::max_streams must be at least 1");
-        if (o.growth_step == 0) o.growth_step = granule;
-        if (o.record_interval == 0) o.record_interval = 1;
-        o.growth_step = align_up(o.growth_step, granule);
-        return o;
-    }
     int upstream_device() const {
         if constexpr (device_bound_resource<Upstream>) {
             return upstream_.device();
@@ -308,23 +295,9 @@ private:
         report_failure(std::string_view(line, len > 0 ? static_cast<std::size_t>(len) : 0U));
     }
 
-    // ---- streams ----
-
-    /// Whether `stream` is capturing, for deallocate: a query that fails counts as capturing (the
-    /// block is then quarantined, never reused), and is reported.
-    static bool capturing_for_free(stream_type stream) noexcept {
-        try {
-            return platform_type::is_capturing(stream);
-        } catch (...) {
-            report_failure("stream_ordered_pool: asking whether a stream is capturing failed; the block given "
-                           "back on it is quarantined");
-            return true;
-        }
-    }
-
     // ---- the fast path ----
 
-    void* pop_class(shard& sh, const detail::request& r) {
+    void* pop_class(shard& sh, detail::request r) {
         std::uintptr_t address = 0;
         std::size_t owed = 0;
         {
@@ -338,9 +311,26 @@ private:
         return reinterpret_cast<void*>(address);
     }
 
+    /// A recent large block of this stream of exactly the request's size, in O(1). Counted with
+    /// the slow path's allocations (not a size-class hit).
+    void* pop_recent(shard& sh, detail::request r) {
+        std::uintptr_t address = 0;
+        std::size_t owed = 0;
+        {
+            std::lock_guard lock(sh.mutex);
+            address = sh.take_recent(r.size, r.alignment);
+            if (address == 0) return nullptr;
+            owed = sh.charge(r.bytes);
+        }
+        slow_.allocated(r.size, 0);
+        if (owed != 0) [[unlikely]] commit(owed);
+        return reinterpret_cast<void*>(address);
+    }
+
     // ---- the slow path: a ladder of steps, each costlier or more disruptive than the last ----
 
-    void* allocate_slow(stream_type stream, shard* sh, const detail::request& r) {
+    /// Out of line, so that the fast path stays small and keeps the request in registers.
+    [[gnu::noinline]] void* allocate_slow(stream_type stream, shard* sh, detail::request r) {
         if (void* p = take_own(sh, r)) return p;
         if (void* p = take_shared(sh, r)) return p;
         if (void* p = take_from_other_streams(stream, sh, r)) return p;
@@ -350,24 +340,21 @@ private:
         return take_after_reclaim(r);
     }
 
-    /// This stream's recent large blocks (exact size), then its spans of the request's kind.
-    void* take_own(shard* sh, const detail::request& r) {
+    /// This stream's spans of the request's kind (its recent large blocks were tried first).
+    void* take_own(shard* sh, detail::request r) {
         if (sh == nullptr) return nullptr;
         std::lock_guard lock(sh->mutex);
-        std::uintptr_t address = r.small() ? 0 : sh->take_recent(r.size, r.alignment);
-        if (address == 0) address = sh->take_span(r.kind, r.size, r.alignment);
-        return reinterpret_cast<void*>(address);
+        return reinterpret_cast<void*>(sh->take_span(r.kind, r.size, r.alignment));
     }
 
     /// The shared set; a large block brings the small rest of its chunk to the stream's spans.
-    void* take_shared(shard* sh, const detail::request& r) {
-        if (sh == nullptr) return reinterpret_cast<void*>(store_.take(r.kind, r.size, r.alignment, false).block.address);
-        return kept(*sh, store_.take(r.kind, r.size, r.alignment, true));
+    void* take_shared(shard* sh, detail::request r) {
+        return streams_.kept(sh, store_.take(r.kind, r.size, r.alignment, sh != nullptr));
     }
 
     /// Other streams' caches, as the reuse policy allows: those whose event has completed move to
     /// the shared set; under follow_dependencies, this stream then waits on another's event.
-    void* take_from_other_streams(stream_type stream, shard* sh, const detail::request& r) {
+    void* take_from_other_streams(stream_type stream, shard* sh, detail::request r) {
         if (options_.reuse == reuse_policy::same_stream) return nullptr;
         if (streams_.drain_completed(sh)) {
             if (void* p = take_shared(sh, r)) return p;
@@ -383,7 +370,7 @@ private:
     /// rare). Only the small-kind spans serve it: the large spans hold the rests of the stream's
     /// large blocks' chunks, and a long-lived small block there would keep the chunk from serving
     /// its large request again. For a large request, its recent large blocks.
-    void* take_merged(stream_type stream, shard* sh, const detail::request& r) {
+    void* take_merged(stream_type stream, shard* sh, detail::request r) {
         if (sh == nullptr) return nullptr;
         if (r.small()) {
             if (!streams_.merge_classes(*sh, stream, std::max(r.size, store_.reserved() / 128))) return nullptr;
@@ -397,14 +384,13 @@ private:
     }
 
     /// A new chunk of the request's kind.
-    void* grow_and_take(shard* sh, const detail::request& r) {
-        const detail::taken_block t = store_.grow_and_take(r.kind, r.size, r.alignment, sh != nullptr);
-        return sh != nullptr ? kept(*sh, t) : reinterpret_cast<void*>(t.block.address);
+    void* grow_and_take(shard* sh, detail::request r) {
+        return streams_.kept(sh, store_.grow_and_take(r.kind, r.size, r.alignment, sh != nullptr));
     }
 
     /// The pool may not grow: chunks of the other kind serve too (segregation is a preference),
     /// from the shared set, then from this stream's spans, without waiting for anything.
-    void* take_other_kind(stream_type stream, shard* sh, const detail::request& r) {
+    void* take_other_kind(stream_type stream, shard* sh, detail::request r) {
         const block_kind kind = other(r.kind);
         if (const std::uintptr_t a = store_.take(kind, r.size, r.alignment, false).block.address) {
             return reinterpret_cast<void*>(a);
@@ -417,7 +403,7 @@ private:
 
     /// The last resort: waits for every stream, coalesces everything, gives free chunks back and
     /// retries once; then throws out_of_memory.
-    void* take_after_reclaim(const detail::request& r) {
+    void* take_after_reclaim(detail::request r) {
         activity_.count(activity_.reclaims);
         streams_.reclaim();
         const detail::free_block b = store_.take_or_regrow(r.kind, r.size, r.alignment);
@@ -426,30 +412,11 @@ private:
         throw_out_of_memory(r.bytes, r.alignment, {});
     }
 
-    /// The block of `t`, its tail kept in the stream's large spans (in the shared set again when
-    /// there is no host memory for it).
-    void* kept(shard& sh, const detail::taken_block& t) noexcept {
-        if (t.tail.size != 0) {
-            bool in_spans = false;
-            {
-                std::lock_guard lock(sh.mutex);
-                try {
-                    sh.spans[block_kind::large].insert(t.tail);
-                    sh.cached += t.tail.size;
-                    in_spans = true;
-                } catch (const std::bad_alloc&) {
-                }
-            }
-            if (!in_spans) store_.insert(t.tail);
-        }
-        return reinterpret_cast<void*>(t.block.address);
-    }
-
     // ---- counters ----
 
     /// Adds live bytes no credit covered to the peak counter (see peak_counter). Call with no
     /// shard lock held.
-    void commit(std::size_t bytes) noexcept {
+    [[gnu::noinline]] void commit(std::size_t bytes) noexcept {
         peak_.commit(bytes, [&](detail::peak_counter::reclaimer& reclaim) {
             streams_.for_each([&](shard& sh) {
                 if (!reclaim.wanted()) return;
@@ -458,7 +425,7 @@ private:
             });
         });
     }
-    void on_allocated_slow(shard* sh, const detail::request& r) noexcept {
+    [[gnu::noinline]] void on_allocated_slow(shard* sh, detail::request r) noexcept {
         std::size_t owed = r.bytes;
         if (sh != nullptr) {
             std::lock_guard lock(sh->mutex);
@@ -468,7 +435,7 @@ private:
         if (owed != 0) commit(owed);
     }
     /// A block given back without a shard (a capturing stream, or one past max_streams).
-    void on_deallocated_slow(const detail::request& r) noexcept {
+    [[gnu::noinline]] void on_deallocated_slow(detail::request r) noexcept {
         slow_.deallocated(r.size, r.bytes);
         peak_.release(r.bytes);
     }

@@ -29,10 +29,9 @@ public:
 
     /// Appends a block given back in epoch `owner_epoch`. Strong: a bad_alloc changes nothing.
     void push(std::uintptr_t address, std::uint32_t owner_epoch) {
-        const std::size_t before = blocks_.size();
         blocks_.push_back(address);
         if (epoch_ != owner_epoch) { // the first block since the last record: all before it are covered
-            covered_ = static_cast<std::uint32_t>(before);
+            covered_ = static_cast<std::uint32_t>(blocks_.size() - 1);
             epoch_ = owner_epoch;
         }
     }
@@ -100,7 +99,7 @@ class class_lists {
 public:
     /// Empty lists whose epoch starts at `first_epoch` (>= 1; the default is the shard's), so that
     /// the wrap can be reached in a test without 2^32 records.
-    explicit class_lists(std::uint32_t first_epoch = 1) noexcept : epoch_(first_epoch) {}
+    explicit class_lists(std::uint32_t first_epoch = 1) noexcept : epoch_(first_epoch), lists_{} {}
 
     /// Gives back a block of class `c`. Strong: a bad_alloc changes nothing.
     void push(std::size_t c, std::uintptr_t address) { lists_[c].push(address, epoch_); }
@@ -156,8 +155,10 @@ public:
     }
 
 private:
+    /// >= 1: 1 + records so far, wrapping from 2^32 - 1 to 1 (see on_record). Before the lists, so
+    /// that it shares a cache line with the shard's other hot fields.
+    std::uint32_t epoch_;
     std::array<class_list, class_count> lists_;
-    std::uint32_t epoch_; ///< >= 1: 1 + records so far, wrapping from 2^32 - 1 to 1 (see on_record)
 };
 
 } // namespace custody::pool::detail

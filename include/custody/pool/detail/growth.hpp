@@ -1,6 +1,6 @@
 /// @file
 /// `growth_rule`: how large a chunk the pool takes from its upstream when it grows, and the limits
-/// that say whether it may (maximum_size, the device budget).
+/// that say whether it may (maximum_size, the device budget), and the options' defaults.
 #pragma once
 
 #include <custody/core/align.hpp>
@@ -11,12 +11,23 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 
 namespace custody::pool::detail {
 
 /// The GPU's large page, which cudaMalloc rounds every allocation to: a chunk for one large request
 /// is its size rounded up to this; a chunk sized by growth_divisor is rounded down to it.
 inline constexpr std::size_t chunk_rounding = std::size_t{2} << 20;
+
+/// `o` with its defaults applied: growth_step 0 becomes the granule, record_interval 0 becomes 1,
+/// growth_step is rounded up to the granule. Throws std::invalid_argument for max_streams == 0.
+[[nodiscard]] inline pool_options validated(pool_options o) {
+    if (o.max_streams == 0) throw std::invalid_argument("custody: pool_options::max_streams must be at least 1");
+    if (o.growth_step == 0) o.growth_step = granule;
+    if (o.record_interval == 0) o.record_interval = 1;
+    o.growth_step = align_up(o.growth_step, granule);
+    return o;
+}
 
 /// The growth and limit rules of pool_options, apart from the memory they govern. A plain value;
 /// every function is pure and O(1).

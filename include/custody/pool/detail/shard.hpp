@@ -62,7 +62,7 @@ struct alignas(64) shard {
 
     /// Counts an allocation of `r` served from this shard's own lists; returns the live bytes its
     /// credit did not cover (to commit to the peak counter).
-    [[nodiscard]] std::size_t on_allocated(const request& r) noexcept {
+    [[nodiscard]] std::size_t on_allocated(request r) noexcept {
         ++counts.allocations;
         counts.block_bytes += static_cast<std::int64_t>(r.size);
         return charge(r.bytes);
@@ -73,7 +73,7 @@ struct alignas(64) shard {
         return credit.charge(bytes);
     }
     /// Counts `r` given back on this stream; its bytes become credit.
-    void on_deallocated(const request& r) noexcept {
+    void on_deallocated(request r) noexcept {
         ++counts.deallocations;
         counts.block_bytes -= static_cast<std::int64_t>(r.size);
         counts.live_bytes -= static_cast<std::int64_t>(r.bytes);

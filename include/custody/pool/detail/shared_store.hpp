@@ -127,7 +127,7 @@ public:
     /// bytes stay reserved until the pool ends.
     void quarantine(std::size_t size) noexcept { quarantined_.fetch_add(size, std::memory_order_relaxed); }
     /// A free block that no set could store for want of host memory: quarantined and reported.
-    void lose(std::size_t size) noexcept {
+    [[gnu::noinline]] void lose(std::size_t size) noexcept {
         quarantine(size);
         report_failure("stream_ordered_pool: no host memory to record a free block; it stays unused until the pool ends");
     }

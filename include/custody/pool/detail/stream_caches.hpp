@@ -12,7 +12,9 @@
 #include <custody/pool/detail/shared_store.hpp>
 #include <custody/pool/detail/stream_table.hpp>
 #include <custody/pool/pool_options.hpp>
+#include <custody/pool/pool_statistics.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -78,8 +80,33 @@ public:
     /// Lock-free when the shard exists. Throws std::invalid_argument for a stream of another
     /// device, and what making an event throws.
     shard* shard_for(stream_type stream) {
+        if (shard* sh = table_.find(platform_type::stream_key(stream))) [[likely]] return sh;
+        return make_shard(stream);
+    }
+
+    /// shard_for for deallocate: nullptr for a stream of another device (served without a
+    /// shard, as documented), and when no shard can be made (reported).
+    shard* shard_for_free(stream_type stream) noexcept {
+        if (shard* sh = table_.find(platform_type::stream_key(stream))) [[likely]] return sh;
+        return make_shard_for_free(stream);
+    }
+
+private:
+    [[gnu::noinline]] shard* make_shard_for_free(stream_type stream) noexcept {
+        try {
+            return make_shard(stream);
+        } catch (const std::invalid_argument&) {
+            return nullptr;
+        } catch (...) {
+            report_failure("stream_ordered_pool: no shard could be made for a stream; its block is given back "
+                           "after the stream finishes");
+            return nullptr;
+        }
+    }
+
+    /// The slow half of shard_for, out of line so that the lookup stays small enough to inline.
+    [[gnu::noinline]] shard* make_shard(stream_type stream) {
         const std::uintptr_t key = platform_type::stream_key(stream);
-        if (shard* sh = table_.find(key)) return sh;
         return table_.find_or_create(key, [&] {
             if (device_ >= 0 && !(stream == stream_type{}) && platform_type::stream_device(stream) != device_) {
                 throw std::invalid_argument("custody: stream of device " +
@@ -90,25 +117,24 @@ public:
         });
     }
 
-    /// shard_for for deallocate: nullptr for a stream of another device (served without a
-    /// shard, as documented), and when no shard can be made (reported).
-    shard* shard_for_free(stream_type stream) noexcept {
+public:
+    // ---- giving back ----
+
+    /// Whether `stream` is capturing, for deallocate: a query that fails counts as capturing (the
+    /// block is then quarantined, never reused), and is reported.
+    static bool capturing_for_free(stream_type stream) noexcept {
         try {
-            return shard_for(stream);
-        } catch (const std::invalid_argument&) {
-            return nullptr;
+            return platform_type::is_capturing(stream);
         } catch (...) {
-            report_failure("stream_ordered_pool: no shard could be made for a stream; its block is given back "
-                           "after the stream finishes");
-            return nullptr;
+            report_failure("stream_ordered_pool: asking whether a stream is capturing failed; the block given "
+                           "back on it is quarantined");
+            return true;
         }
     }
 
-    // ---- giving back ----
-
     /// Keeps a block given back on the shard's stream; counts it lost when there is no host
     /// memory to hold it.
-    void give_back(shard& sh, stream_type stream, std::uintptr_t address, const request& r) noexcept {
+    [[gnu::always_inline]] void give_back(shard& sh, stream_type stream, std::uintptr_t address, request r) noexcept {
         bool stored = false;
         {
             std::lock_guard lock(sh.mutex);
@@ -121,7 +147,7 @@ public:
 
     /// For a stream without a shard: waits for the stream, then the block is idle and goes to the
     /// shared set (quarantined, and reported, when the wait fails).
-    void give_back_synchronously(stream_type stream, std::uintptr_t address, std::size_t size) noexcept {
+    [[gnu::noinline]] void give_back_synchronously(stream_type stream, std::uintptr_t address, std::size_t size) noexcept {
         try {
             platform_type::synchronize(stream);
         } catch (...) {
@@ -160,6 +186,26 @@ public:
         sh.merge_recent(sh.recent.size(), store_.chunks());
     }
 
+    /// The block of `t` (taken for the stream of `sh`; nullptr: a stream without a shard, whose
+    /// `t` has no tail), its tail kept in the stream's large spans (in the shared set again when
+    /// there is no host memory for it).
+    void* kept(shard* sh, const taken_block& t) noexcept {
+        if (t.tail.size != 0) {
+            bool in_spans = false;
+            {
+                std::lock_guard lock(sh->mutex);
+                try {
+                    sh->spans[block_kind::large].insert(t.tail);
+                    sh->cached += t.tail.size;
+                    in_spans = true;
+                } catch (const std::bad_alloc&) {
+                }
+            }
+            if (!in_spans) store_.insert(t.tail);
+        }
+        return reinterpret_cast<void*>(t.block.address);
+    }
+
     // ---- other streams' caches ----
 
     /// Moves the covered blocks of other streams whose event has completed to the shared set.
@@ -184,7 +230,7 @@ public:
 
     /// Finds a covered block for `r` in another stream's cache, makes `stream` wait on that
     /// stream's event (no host synchronization) and takes the block; 0 when none fits.
-    std::uintptr_t take_with_dependency(stream_type stream, shard& self, const request& r) {
+    std::uintptr_t take_with_dependency(stream_type stream, shard& self, request r) {
         std::uintptr_t address = 0;
         table_.for_each([&](shard& other) {
             if (address != 0 || &other == &self) return;
@@ -237,11 +283,22 @@ public:
     }
     [[nodiscard]] std::size_t size() const noexcept { return table_.size(); }
 
+    /// Adds every shard's call counts to `c`, and its cache to `p` (each shard's lock taken briefly).
+    void add_to(pool_statistics& p, counters& c) const {
+        table_.for_each([&](shard& sh) {
+            std::lock_guard lock(sh.mutex);
+            c += sh.counts;
+            p.per_stream.push_back({sh.key, sh.cached});
+            p.stream_cached_bytes += sh.cached;
+            p.largest_free_block = std::max(p.largest_free_block, sh.largest());
+        });
+    }
+
 private:
     /// Records the shard's event on its stream (its lock held), so that it covers every block the
     /// shard holds. If the record fails, the stream is synchronized instead (the blocks are then
     /// idle), and the failure reported.
-    void cover(shard& sh, stream_type stream) noexcept {
+    [[gnu::noinline]] void cover(shard& sh, stream_type stream) noexcept {
         try {
             sh.event.record(stream);
         } catch (...) {
@@ -257,14 +314,20 @@ private:
 
     /// Puts a block into its class list, or among the recent large blocks (its lock held). False
     /// when there is no host memory to hold it.
-    bool store_in(shard& sh, stream_type stream, std::uintptr_t address, const request& r) noexcept {
+    [[gnu::always_inline]] bool store_in(shard& sh, stream_type stream, std::uintptr_t address, request r) noexcept {
+        if (!r.small()) return store_large(sh, stream, address, r.size);
         try {
-            if (r.small()) {
-                sh.classes.push(r.size_class, address);
-            } else {
-                if (sh.recent.full() && sh.recent.covered() == 0) cover(sh, stream); // the spans hold covered blocks only
-                sh.keep_recent({address, r.size, 0}, store_.chunks()); // its chunk is looked up when it leaves recent
-            }
+            sh.classes.push(r.size_class, address);
+            return true;
+        } catch (const std::bad_alloc&) {
+            return false;
+        }
+    }
+    /// store_in for a large block: among the recent ones (out of line: a tree insert may follow).
+    [[gnu::noinline]] bool store_large(shard& sh, stream_type stream, std::uintptr_t address, std::size_t size) noexcept {
+        try {
+            if (sh.recent.full() && sh.recent.covered() == 0) cover(sh, stream); // the spans hold covered blocks only
+            sh.keep_recent({address, size, 0}, store_.chunks()); // its chunk is looked up when it leaves recent
             return true;
         } catch (const std::bad_alloc&) {
             return false;
@@ -273,7 +336,7 @@ private:
 
     /// A covered block of `other` (its lock held) for `r`, taken behind `other`'s event; 0 when
     /// none fits. The wait comes first: a failed wait takes nothing.
-    std::uintptr_t take_covered(stream_type stream, shard& other, const request& r) {
+    std::uintptr_t take_covered(stream_type stream, shard& other, request r) {
         if (r.small() && other.classes.newest_covered(r.size_class, r.alignment) != 0) {
             platform_type::wait(stream, other.event);
             other.cached -= r.size;
