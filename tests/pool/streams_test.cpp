@@ -12,6 +12,7 @@
 #include <cstring>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -307,4 +308,28 @@ TEST_CASE("a block given back on a stream of another device waits for it and sta
     check_accounting(pool);
     void* q = pool.allocate(own, 3000, 256);
     pool.deallocate(own, q, 3000, 256);
+}
+
+TEST_CASE("a stream of another device is refused even where it reuses a dead stream's handle", "[pool][streams]") {
+    stream_ordered_pool<virtual_device_memory> pool(pool_options{}, 0, 64 * MiB);
+    const custody::host::detail::stream_state* dead = nullptr;
+    {
+        custody::host::stream a(0);
+        void* p = pool.allocate(a, 1000, 256); // a's shard is made
+        pool.deallocate(a, p, 1000, 256);
+        dead = a.view().state();
+    }
+    // A new stream's state often lands where the dead one's was (never under ASan's quarantine):
+    // the check holds for every new stream, whichever address it got.
+    bool reused = false;
+    for (int i = 0; i < 64 && !reused; ++i) {
+        custody::host::stream b(1);
+        reused = b.view().state() == dead;
+        CHECK_THROWS_AS(pool.allocate(b, 1000, 256), std::invalid_argument);
+        void* q = pool.allocate_sync(1000, 256);
+        pool.deallocate(b, q, 1000, 256); // served without a shard: b is waited for
+        CHECK(pool.statistics().live_allocations == 0);
+    }
+    CHECK(pool.detailed_statistics().streams <= 2); // a's shard and the default stream's
+    check_accounting(pool);
 }

@@ -133,7 +133,13 @@ struct platform {
     static void set_device(int device) { CUSTODY_CUDA_TRY(cudaSetDevice(device)); }
     static void set_device_noexcept(int device) noexcept { CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaSetDevice(device)); }
 
+    /// cudaStreamGetId: unique for the process's lifetime, where a handle may be reused by a new
+    /// stream once its stream is destroyed; the per-thread default stream has one per thread.
+    /// The handle itself if the query fails (a stream already destroyed).
     [[nodiscard]] static std::uintptr_t stream_key(stream_view s) noexcept {
+        unsigned long long id = 0;
+        if (cudaStreamGetId(s.get(), &id) == cudaSuccess) return static_cast<std::uintptr_t>(id);
+        static_cast<void>(cudaGetLastError());
         return reinterpret_cast<std::uintptr_t>(s.get());
     }
     [[nodiscard]] static int stream_device(stream_view s) {

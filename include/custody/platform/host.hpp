@@ -48,13 +48,19 @@ inline std::atomic<int>& device_count_slot() noexcept {
     return count;
 }
 
+/// The identity of the next stream: 1, 2, 3, ... in creation order, never given twice.
+inline std::uint64_t next_stream_id() noexcept {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 /// One stream's queue and worker thread.
 ///
 /// Invariants: completed_ <= enqueued_; task k (1-based, in enqueue order) has finished iff
-/// completed_ >= k. Both only grow.
+/// completed_ >= k. Both only grow. id_ >= 1 is this stream's alone, for the process's lifetime.
 class stream_state : public std::enable_shared_from_this<stream_state> {
 public:
-    explicit stream_state(int device) : device_(device) {}
+    explicit stream_state(int device) : device_(device), id_(next_stream_id()) {}
     stream_state(const stream_state&) = delete;
     stream_state& operator=(const stream_state&) = delete;
     ~stream_state() { shutdown(); }
@@ -88,6 +94,7 @@ public:
     }
 
     [[nodiscard]] int device() const noexcept { return device_; }
+    [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
 
     /// Lets every enqueued task finish, then joins the worker. Idempotent.
     void shutdown() noexcept {
@@ -121,6 +128,7 @@ private:
     }
 
     int device_;
+    std::uint64_t id_;
     std::mutex mutex_;
     std::condition_variable work_cv_;
     std::condition_variable done_cv_;
@@ -290,8 +298,10 @@ struct platform {
     }
     static void set_device_noexcept(int device) noexcept { detail::current_device_slot() = device; }
 
+    /// The stream's own id (0 for the default stream): a stream made where a destroyed one was
+    /// never has the destroyed one's key.
     [[nodiscard]] static std::uintptr_t stream_key(stream_view s) noexcept {
-        return reinterpret_cast<std::uintptr_t>(s.state());
+        return s.is_default() ? 0 : static_cast<std::uintptr_t>(s.state()->id());
     }
     [[nodiscard]] static int stream_device(stream_view s) noexcept {
         return s.is_default() ? current_device() : s.state()->device();

@@ -13,7 +13,8 @@
 ///   P::current_device()     this thread's current device
 ///   P::set_device(d)        makes d this thread's current device (throws if it cannot)
 ///   P::set_device_noexcept(d)   the same for destructors: reports a failure instead of throwing
-///   P::stream_key(s)        an integer that identifies s among live streams (per-stream maps)
+///   P::stream_key(s)        an integer that identifies s for the process's lifetime: a stream
+///                           made after s is destroyed never has s's key (per-stream maps)
 ///   P::stream_device(s)     the device s belongs to
 ///   P::synchronize(s)       blocks until all work enqueued on s so far has finished
 ///   P::synchronize_device(d)  blocks until all work enqueued so far on every stream of device d

@@ -79,7 +79,8 @@ namespace custody::pool {
 /// event has completed (opportunistic), or after making t wait on it (follow_dependencies), or,
 /// under same_stream, only by the last-resort reclaim, which waits on the host (for the event,
 /// or for the whole device when blocks are not yet covered). The synchronous pair acts on the
-/// default stream. The common path makes no driver call but the platform's capture query.
+/// default stream. The common path makes no driver call but the platform's identity and capture
+/// queries.
 /// Streams must belong to the pool's device (std::invalid_argument otherwise).
 ///
 /// **Graph capture.** An allocation on a stream being captured throws capture_error and changes
