@@ -1,6 +1,7 @@
 // The pool's growth, trim and destruction, bad inputs, limits and out-of-memory diagnostics.
 #include <custody/platform/host.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
+#include <custody/resource/detail/leaf.hpp>
 #include <custody/resource/host_memory.hpp>
 #include <custody/resource/virtual_device_memory.hpp>
 
@@ -8,6 +9,8 @@
 #include "support.hpp"
 
 #include <cstring>
+#include <map>
+#include <new>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -338,4 +341,114 @@ TEST_CASE("an initial size the upstream cannot give is out_of_memory from the co
     CHECK_THROWS_AS(stream_ordered_pool<virtual_device_memory>(o, 0, 1 * MiB), custody::out_of_memory);
     o.maximum_size = 1 * MiB; // the limit applies to the initial chunk too
     CHECK_THROWS_AS(stream_ordered_pool<host_memory>(o), custody::out_of_memory);
+}
+
+namespace {
+
+/// Host memory that keeps what is given back until trim(), as cudaMallocAsync's driver pool does
+/// with its release threshold at the maximum; a kept block at least as large serves a request first.
+class retaining_memory final : public custody::resource::detail::leaf<retaining_memory, platform> {
+public:
+    static constexpr const char* name = "retaining_memory";
+    static constexpr std::size_t max_alignment = custody::max_alignment;
+    static constexpr bool interchangeable = false;
+    retaining_memory() : leaf(-1) {}
+    retaining_memory(const retaining_memory&) = delete;
+    retaining_memory& operator=(const retaining_memory&) = delete;
+    ~retaining_memory() { trim(); }
+
+    [[nodiscard]] std::size_t retained_bytes() const noexcept {
+        std::size_t n = 0;
+        for (const auto& b : kept_) n += b.second;
+        return n;
+    }
+    std::size_t trim() noexcept {
+        const std::size_t n = retained_bytes();
+        for (const auto& b : kept_) ::operator delete(b.first, std::align_val_t{max_alignment});
+        kept_.clear();
+        held_ -= n;
+        return n;
+    }
+    /// Live and retained bytes: what the device cannot give anyone else.
+    [[nodiscard]] std::size_t held() const noexcept { return held_; }
+
+    void* raw_allocate_sync(std::size_t bytes, std::size_t) noexcept {
+        try {
+            for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+                if (it->second < bytes) continue;
+                const auto b = *it;
+                live_.emplace(b.first, b.second);
+                kept_.erase(it);
+                return b.first;
+            }
+            void* p = ::operator new(bytes, std::align_val_t{max_alignment});
+            live_.emplace(p, bytes);
+            held_ += bytes;
+            return p;
+        } catch (...) {
+            return nullptr;
+        }
+    }
+    void raw_deallocate_sync(void* ptr, std::size_t, std::size_t) noexcept {
+        const auto it = live_.find(ptr);
+        try {
+            kept_.emplace_back(it->first, it->second);
+        } catch (...) { // no memory to keep it: given back to the device
+            ::operator delete(ptr, std::align_val_t{max_alignment});
+            held_ -= it->second;
+        }
+        live_.erase(it);
+    }
+    void* raw_allocate(stream_type, std::size_t bytes, std::size_t alignment) noexcept {
+        return raw_allocate_sync(bytes, alignment);
+    }
+    void raw_deallocate(stream_type, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+        raw_deallocate_sync(ptr, bytes, alignment);
+    }
+
+private:
+    std::map<void*, std::size_t> live_;
+    std::vector<std::pair<void*, std::size_t>> kept_;
+    std::size_t held_ = 0;
+};
+
+const retaining_memory* device_8mib_user = nullptr;
+
+/// A device of 8 MiB whose only user is `device_8mib_user`.
+std::optional<custody::device_memory> device_8mib(int) {
+    return custody::device_memory{8 * MiB - device_8mib_user->held(), 8 * MiB};
+}
+
+} // namespace
+
+TEST_CASE("trim gives back what the upstream retains", "[pool][trim]") {
+    pool_options o;
+    o.growth_step = 4 * MiB;
+    stream_ordered_pool<retaining_memory> pool(o);
+    custody::host::stream s;
+    void* p = pool.allocate(s, 3 * MiB, 256);
+    pool.deallocate(s, p, 3 * MiB, 256);
+    CHECK(pool.detailed_statistics().upstream_retained_bytes == 0);
+    CHECK(pool.trim() == 4 * MiB);
+    CHECK(pool.upstream().retained_bytes() == 0); // back to the device, not kept by the upstream
+    CHECK(pool.upstream().held() == 0);
+    check_accounting(pool);
+}
+
+TEST_CASE("the device budget counts what the upstream retains as free", "[pool][trim]") {
+    pool_options o;
+    o.growth_step = 4 * MiB;
+    o.device_headroom = 0;
+    o.memory_info = &device_8mib;
+    stream_ordered_pool<retaining_memory> pool(o);
+    device_8mib_user = &pool.upstream();
+    void* other = pool.upstream().allocate_sync(8 * MiB, 256); // another user of the same driver pool
+    pool.upstream().deallocate_sync(other, 8 * MiB, 256);      // kept: the device reports nothing free
+    CHECK(pool.detailed_statistics().upstream_retained_bytes == 8 * MiB);
+    void* p = pool.allocate_sync(3 * MiB, 256); // a chunk from what the upstream retains
+    CHECK(pool.upstream().held() == 8 * MiB);
+    pool.deallocate_sync(p, 3 * MiB, 256);
+    CHECK(pool.trim() == 4 * MiB);
+    CHECK(pool.upstream().held() == 0);
+    check_accounting(pool);
 }

@@ -333,3 +333,20 @@ TEST_CASE("a stream of another device is refused even where it reuses a dead str
     CHECK(pool.detailed_statistics().streams <= 2); // a's shard and the default stream's
     check_accounting(pool);
 }
+
+TEST_CASE("the synchronous pair runs on the pool's device whatever device the caller has current",
+          "[pool][streams]") {
+    failure_log log;
+    pool_options o;
+    o.record_interval = 1; // every free records the stream's event: on the default stream, the device's
+    stream_ordered_pool<virtual_device_memory> pool(o, 2, 64 * MiB);
+    custody::host::device_guard elsewhere(5);
+    void* p = pool.allocate_sync(1000, 256);
+    pool.deallocate_sync(p, 1000, 256);
+    void* q = pool.allocate(custody::host::stream_view{}, 1000, 256);
+    CHECK(q == p);
+    pool.deallocate(custody::host::stream_view{}, q, 1000, 256);
+    CHECK(platform::current_device() == 5); // the caller's device again
+    CHECK(log.lines().empty());
+    check_accounting(pool);
+}

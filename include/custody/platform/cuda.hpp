@@ -151,9 +151,16 @@ struct platform {
     static void synchronize(stream_view s) { CUSTODY_CUDA_TRY(cudaStreamSynchronize(s.get())); }
     static void synchronize_device(int device);
     static void wait(stream_view s, const event& e) { CUSTODY_CUDA_TRY(cudaStreamWaitEvent(s.get(), e.get(), 0)); }
+    /// True too for the legacy stream while a blocking stream captures (the query then returns
+    /// cudaErrorStreamCaptureImplicit: the legacy stream may not be used until the capture ends).
     [[nodiscard]] static bool is_capturing(stream_view s) {
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-        CUSTODY_CUDA_TRY(cudaStreamIsCapturing(s.get(), &status));
+        const cudaError_t result = cudaStreamIsCapturing(s.get(), &status);
+        if (result == cudaErrorStreamCaptureImplicit) {
+            static_cast<void>(cudaGetLastError());
+            return true;
+        }
+        CUSTODY_CUDA_TRY(result);
         return status != cudaStreamCaptureStatusNone;
     }
     /// cudaMemGetInfo on `device` (the caller's current device is restored); nothing if the query

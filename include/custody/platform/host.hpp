@@ -257,7 +257,15 @@ public:
     event& operator=(const event&) = delete;
     ~event() = default;
 
+    /// Throws std::invalid_argument for the default stream while another device than the event's
+    /// is current: the default stream is the current device's, and cudaEventRecord refuses an
+    /// event and a stream of two devices.
     void record(stream_view s) {
+        if (s.is_default() && detail::current_device_slot() != device_) {
+            throw std::invalid_argument("custody: an event of host device " + std::to_string(device_) +
+                                        " recorded on the default stream of device " +
+                                        std::to_string(detail::current_device_slot()));
+        }
         if (s.is_default()) {
             state_.reset();
             ticket_ = 0;

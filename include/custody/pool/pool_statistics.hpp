@@ -40,6 +40,9 @@ struct pool_statistics {
     std::uint64_t fast_allocations = 0;     ///< served from the stream's own size-class list (the O(1) path)
     std::uint64_t upstream_allocations = 0;
     std::uint64_t upstream_deallocations = 0;
+    /// What the upstream keeps of what was given back to it (cuda_async: its driver pool's reserve
+    /// beyond live blocks; trim() gives it back to the device); 0 when it cannot tell.
+    std::size_t upstream_retained_bytes = 0;
     std::uint64_t opportunistic_reuses = 0; ///< streams' caches moved to the shared set after their event completed
     std::uint64_t dependency_waits = 0;     ///< times a stream was made to wait on another's event
     std::uint64_t reclaims = 0;             ///< last-resort reclaims (host waits) before a failure

@@ -30,6 +30,7 @@
 #include <custody/core/properties.hpp>
 #include <custody/core/report.hpp>
 #include <custody/core/statistics.hpp>
+#include <custody/platform/platform.hpp>
 #include <custody/pool/capture_error.hpp>
 #include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/counters.hpp>
@@ -51,6 +52,7 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -79,7 +81,8 @@ namespace custody::pool {
 /// event has completed (opportunistic), or after making t wait on it (follow_dependencies), or,
 /// under same_stream, only by the last-resort reclaim, which waits on the host (for the event,
 /// or for the whole device when blocks are not yet covered). The synchronous pair acts on the
-/// default stream. The common path makes no driver call but the platform's identity and capture
+/// default stream of the pool's device, which it makes current for the call, and its memory is
+/// usable at once by the host (a block taken behind another stream's event waits for it on the host). The common path makes no driver call but the platform's identity and capture
 /// queries.
 /// Streams must belong to the pool's device (std::invalid_argument otherwise).
 ///
@@ -170,18 +173,8 @@ public:
     /// Throws std::invalid_argument (bad alignment, stream of another device), capture_error,
     /// out_of_memory; the pool is unchanged after any of them.
     [[gnu::always_inline]] [[nodiscard]] void* allocate(stream_type stream, std::size_t bytes, std::size_t alignment) {
-        if (!is_pow2(alignment) || alignment > max_alignment) [[unlikely]] check_alignment(alignment, max_alignment);
-        if (bytes == 0) return nullptr;
-        if (platform_type::is_capturing(stream)) throw capture_error(platform_type::stream_key(stream), bytes);
-        if (bytes > request_limit_) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
-        const detail::request r = detail::classify(bytes, alignment);
-        shard* sh = streams_.shard_for(stream);
-        if (sh != nullptr) {
-            if (void* p = r.small() ? pop_class(*sh, r) : pop_recent(*sh, r)) return p;
-        }
-        void* p = allocate_slow(stream, sh, r);
-        on_allocated_slow(sh, r);
-        return p;
+        if (stream == stream_type{}) [[unlikely]] return allocate_sync(bytes, alignment);
+        return allocate_on(stream, bytes, alignment);
     }
 
     /// Gives `ptr` back on `stream`: reusable at once on `stream`, on other streams as the
@@ -189,27 +182,20 @@ public:
     /// back on a capturing stream is quarantined; on a stream without a shard (another device's,
     /// or past max_streams), it goes to the shared set once the stream has finished its work.
     [[gnu::always_inline]] void deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        if (ptr == nullptr) return;
-        const detail::request r = detail::classify(bytes, alignment);
-        const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-        if (streams_.capturing_for_free(stream)) {
-            store_.quarantine(r.size);
-            on_deallocated_slow(r);
-        } else if (shard* sh = streams_.shard_for_free(stream)) {
-            streams_.give_back(*sh, stream, address, r);
-        } else {
-            streams_.give_back_synchronously(stream, address, r.size);
-            on_deallocated_slow(r);
-        }
+        if (stream == stream_type{}) [[unlikely]] return deallocate_sync(ptr, bytes, alignment);
+        deallocate_on(stream, ptr, bytes, alignment);
     }
 
-    /// allocate on the default stream.
+    /// allocate on the default stream of the pool's device (made current for the call): usable
+    /// at once by the host and by work on any stream.
     [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t alignment) {
-        return allocate(stream_type{}, bytes, alignment);
+        const basic_device_guard<platform_type> guard(device_);
+        return allocate_on(stream_type{}, bytes, alignment);
     }
-    /// deallocate on the default stream.
+    /// deallocate on the default stream of the pool's device (made current for the call).
     void deallocate_sync(void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        deallocate(stream_type{}, ptr, bytes, alignment);
+        const basic_device_guard<platform_type> guard(device_, std::nothrow);
+        deallocate_on(stream_type{}, ptr, bytes, alignment);
     }
 
     /// Counters of the whole pool. Exact when no call is in flight; O(streams) (each shard's
@@ -297,6 +283,38 @@ private:
     }
 
     // ---- the fast path ----
+
+    /// allocate, with the pool's device current when `stream` is the default stream.
+    [[gnu::always_inline]] void* allocate_on(stream_type stream, std::size_t bytes, std::size_t alignment) {
+        if (!is_pow2(alignment) || alignment > max_alignment) [[unlikely]] check_alignment(alignment, max_alignment);
+        if (bytes == 0) return nullptr;
+        if (platform_type::is_capturing(stream)) throw capture_error(platform_type::stream_key(stream), bytes);
+        if (bytes > request_limit_) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
+        const detail::request r = detail::classify(bytes, alignment);
+        shard* sh = streams_.shard_for(stream);
+        if (sh != nullptr) {
+            if (void* p = r.small() ? pop_class(*sh, r) : pop_recent(*sh, r)) return p;
+        }
+        void* p = allocate_slow(stream, sh, r);
+        on_allocated_slow(sh, r);
+        return p;
+    }
+
+    /// deallocate, with the pool's device current when `stream` is the default stream.
+    [[gnu::always_inline]] void deallocate_on(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+        if (ptr == nullptr) return;
+        const detail::request r = detail::classify(bytes, alignment);
+        const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+        if (streams_.capturing_for_free(stream)) {
+            store_.quarantine(r.size);
+            on_deallocated_slow(r);
+        } else if (shard* sh = streams_.shard_for_free(stream)) {
+            streams_.give_back(*sh, stream, address, r);
+        } else {
+            streams_.give_back_synchronously(stream, address, r.size);
+            on_deallocated_slow(r);
+        }
+    }
 
     void* pop_class(shard& sh, detail::request r) {
         std::uintptr_t address = 0;

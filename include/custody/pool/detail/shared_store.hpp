@@ -109,7 +109,9 @@ public:
         chunks_.insert_runs(blocks, free_, [&](std::size_t size) { lose(size); });
     }
 
-    /// Gives every chunk that is wholly free back to the upstream; returns the bytes given back.
+    /// Gives every chunk that is wholly free back to the upstream, which then gives back what it
+    /// retains (`Upstream::trim()`, when it has one: a driver pool keeps freed memory otherwise, out
+    /// of reach of the rest of the device); returns the bytes given back to the upstream.
     std::size_t release_free_chunks() noexcept {
         std::lock_guard lock(mutex_);
         return release_free_chunks_locked();
@@ -143,6 +145,17 @@ public:
         p.quarantined_bytes = quarantined_.load(std::memory_order_relaxed);
         p.upstream_allocations = chunks_.added();
         p.upstream_deallocations = chunks_.removed();
+        p.upstream_retained_bytes = upstream_retained();
+    }
+
+    /// Bytes the upstream keeps for itself of what was given back to it (a driver pool's reserve
+    /// beyond its live blocks), when it can tell (`Upstream::retained_bytes()`); else 0.
+    [[nodiscard]] std::size_t upstream_retained() const noexcept {
+        if constexpr (requires(const Upstream& u) { u.retained_bytes(); }) {
+            return upstream_.retained_bytes();
+        } else {
+            return 0;
+        }
     }
 
     [[nodiscard]] const chunk_map& chunks() const noexcept { return chunks_; }
@@ -167,11 +180,24 @@ private:
     }
 
     /// Whether the pool may take `n` more bytes now (queries the device's memory when
-    /// options.memory_info is set).
+    /// options.memory_info is set). What the upstream retains counts as free: the next chunk comes
+    /// from it first.
     [[nodiscard]] bool within_limits(std::size_t n) const {
         std::optional<device_memory> device;
         if (memory_info_ != nullptr) device = memory_info_(device_);
+        if (device) device->free = std::min(device->total, device->free + upstream_retained());
         return growth_.allows(n, chunks_.reserved(), device);
+    }
+
+    /// The upstream's trim(), when it has one; a failure is reported (the chunks are back all the same).
+    void trim_upstream() noexcept {
+        if constexpr (requires(Upstream& u) { u.trim(); }) {
+            try {
+                upstream_.trim();
+            } catch (...) {
+                report_failure("stream_ordered_pool: the upstream could not give back the memory it retains");
+            }
+        }
     }
 
     /// Takes a chunk of `kind` for a block needing `size` bytes (mutex_ held).
@@ -212,6 +238,7 @@ private:
                 released += b.size;
             });
         }
+        trim_upstream();
         return released;
     }
 

@@ -229,7 +229,8 @@ public:
     }
 
     /// Finds a covered block for `r` in another stream's cache, makes `stream` wait on that
-    /// stream's event (no host synchronization) and takes the block; 0 when none fits.
+    /// stream's event (no host synchronization but for the default stream, see wait_for) and
+    /// takes the block; 0 when none fits.
     std::uintptr_t take_with_dependency(stream_type stream, shard& self, request r) {
         std::uintptr_t address = 0;
         table_.for_each([&](shard& other) {
@@ -338,14 +339,24 @@ private:
     /// none fits. The wait comes first: a failed wait takes nothing.
     std::uintptr_t take_covered(stream_type stream, shard& other, request r) {
         if (r.small() && other.classes.newest_covered(r.size_class, r.alignment) != 0) {
-            platform_type::wait(stream, other.event);
+            wait_for(stream, other.event);
             other.cached -= r.size;
             return other.classes.take_newest_covered(r.size_class, r.alignment);
         }
         if (!r.small() && other.recent.covered() != 0) other.merge_recent(other.recent.covered(), store_.chunks());
         if (!other.spans[r.kind].fits(r.size, r.alignment)) return 0;
-        platform_type::wait(stream, other.event);
+        wait_for(stream, other.event);
         return other.take_span(r.kind, r.size, r.alignment);
+    }
+
+    /// Makes `stream` wait for `e`: a stream wait, or a host wait for the default stream, whose
+    /// memory (the synchronous pair's) is usable at once by the host and by every stream.
+    static void wait_for(stream_type stream, const typename platform_type::event& e) {
+        if (stream == stream_type{}) {
+            e.synchronize();
+        } else {
+            platform_type::wait(stream, e);
+        }
     }
 
     /// Waits for all work on the pool's device (every device, for a pool of no device). Blocks
