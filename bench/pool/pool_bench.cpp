@@ -3,6 +3,7 @@
 // the pmr pools and custody's pool drawing from the same upstream (custody::resource::host_memory).
 //
 // Names are <scenario>/<resource>/<args>:
+//   <scenario>/pool_checked the pool in checked mode (pool_options::checked), beside pool: its cost
 //   pair/*/<bytes>          one allocate + free, 64 B .. 64 MiB, single thread
 //   pair_mt/*/<bytes>       the same from 1..8 threads on one shared resource (each thread its own stream)
 //   churn/*                 random sizes (log-uniform 64 B .. 4 MiB) replacing a window of 256 live blocks
@@ -79,15 +80,25 @@ custody::host::stream_view stream_of(int thread) {
 
 // ---- the resources, behind one small interface each --------------------------------------------
 
-struct pool_adapter {
-    static constexpr const char* name = "pool";
-    pool_type pool{custody::pool::pool_options{}};
+custody::pool::pool_options pool_options_checked(bool checked) {
+    custody::pool::pool_options o;
+    o.checked = checked;
+    return o;
+}
+
+template <bool Checked>
+struct basic_pool_adapter {
+    static constexpr const char* name = Checked ? "pool_checked" : "pool";
+    pool_type pool{pool_options_checked(Checked)};
     custody::host::stream_view stream;
-    explicit pool_adapter(int thread = 0) : stream(stream_of(thread)) {}
+    explicit basic_pool_adapter(int thread = 0) : stream(stream_of(thread)) {}
     void* allocate(std::size_t n) { return pool.allocate(stream, n, alignment); }
     void deallocate(void* p, std::size_t n) { pool.deallocate(stream, p, n, alignment); }
     double fragmentation(std::size_t) const { return pool.detailed_statistics().fragmentation(); }
 };
+
+using pool_adapter = basic_pool_adapter<false>;
+using pool_checked_adapter = basic_pool_adapter<true>;
 
 struct malloc_adapter {
     static constexpr const char* name = "malloc";
@@ -145,7 +156,7 @@ void pair_mt(benchmark::State& state) {
     const auto stream = stream_of(state.thread_index());
     for (auto _ : state) {
         void* p;
-        if constexpr (std::is_same_v<Adapter, pool_adapter>) {
+        if constexpr (std::is_same_v<Adapter, pool_adapter> || std::is_same_v<Adapter, pool_checked_adapter>) {
             p = r.pool.allocate(stream, n, alignment);
             benchmark::DoNotOptimize(p);
             r.pool.deallocate(stream, p, n, alignment);
@@ -173,11 +184,11 @@ void churn_loop(benchmark::State& state, Adapter& r, custody::host::stream_view 
     constexpr std::size_t window = 256;
     std::vector<std::pair<void*, std::size_t>> live(window, {nullptr, 0});
     auto allocate = [&](std::size_t n) -> void* {
-        if constexpr (std::is_same_v<Adapter, pool_adapter>) return r.pool.allocate(stream, n, alignment);
+        if constexpr (std::is_same_v<Adapter, pool_adapter> || std::is_same_v<Adapter, pool_checked_adapter>) return r.pool.allocate(stream, n, alignment);
         else return r.allocate(n);
     };
     auto deallocate = [&](void* p, std::size_t n) {
-        if constexpr (std::is_same_v<Adapter, pool_adapter>) r.pool.deallocate(stream, p, n, alignment);
+        if constexpr (std::is_same_v<Adapter, pool_adapter> || std::is_same_v<Adapter, pool_checked_adapter>) r.pool.deallocate(stream, p, n, alignment);
         else r.deallocate(p, n);
     };
     std::size_t i = 0;
@@ -190,7 +201,7 @@ void churn_loop(benchmark::State& state, Adapter& r, custody::host::stream_view 
     }
     for (auto& [p, n] : live)
         if (p != nullptr) deallocate(p, n);
-    if constexpr (std::is_same_v<Adapter, pool_adapter>) {
+    if constexpr (std::is_same_v<Adapter, pool_adapter> || std::is_same_v<Adapter, pool_checked_adapter>) {
         const auto p = r.pool.detailed_statistics();
         state.counters["fast_path_share"] =
             static_cast<double>(p.fast_allocations) / static_cast<double>(std::max<std::uint64_t>(p.totals.allocations, 1));
@@ -269,7 +280,7 @@ void trace(benchmark::State& state) {
     }
     for (auto [p, n] : kv) give(p, n);
     state.counters["fragmentation"] = r.fragmentation(peak);
-    if constexpr (std::is_same_v<Adapter, pool_adapter>) {
+    if constexpr (std::is_same_v<Adapter, pool_adapter> || std::is_same_v<Adapter, pool_checked_adapter>) {
         const auto p = r.pool.detailed_statistics();
         state.counters["fast_path_share"] =
             static_cast<double>(p.fast_allocations) / static_cast<double>(std::max<std::uint64_t>(p.totals.allocations, 1));
@@ -299,6 +310,7 @@ void register_all(bool single_threaded_only) {
 
 int main(int argc, char** argv) {
     register_all<pool_adapter>(false);
+    register_all<pool_checked_adapter>(false); // checked mode (pool_options::checked): its cost beside pool
     register_all<malloc_adapter>(false);
     register_all<pmr_unsync_adapter>(true); // not thread-safe: single thread only
     register_all<pmr_sync_adapter>(false);

@@ -46,31 +46,55 @@ TEST_CASE("the pool grows in chunks, reuses on the fast path and trims what is w
     CHECK(pool.statistics().reserved_bytes == 4 * MiB);
     CHECK(pool.upstream().used() == 4 * MiB);
     custody::host::stream s;
-    // Size-class blocks come from chunks of their own: the first takes a growth step.
+    // While the pool holds no more than its initial size, the initial chunk serves size classes too.
     void* p = pool.allocate(s, 1000, 256);
-    CHECK(pool.statistics().reserved_bytes == 6 * MiB);
+    CHECK(pool.statistics().reserved_bytes == 4 * MiB);
     pool.deallocate(s, p, 1000, 256);
     void* q = pool.allocate(s, 900, 256); // same class (1024), same stream: the same block
     CHECK(q == p);
     // Large blocks come from the initial chunk while it has room...
     void* big = pool.allocate(s, 3 * MiB, 256);
-    CHECK(pool.statistics().reserved_bytes == 6 * MiB);
-    CHECK(pool.detailed_statistics().chunks == 2);
+    CHECK(pool.statistics().reserved_bytes == 4 * MiB);
+    CHECK(pool.detailed_statistics().chunks == 1);
     // ...then from a chunk of their own, rounded up to 2 MiB, when larger than the growth step.
     void* big2 = pool.allocate(s, 3 * MiB, 256);
+    CHECK(pool.statistics().reserved_bytes == 8 * MiB);
+    CHECK(pool.detailed_statistics().chunks == 2);
+    // Beyond the initial size, size-class blocks come from chunks of their own: a growth step.
+    void* small = pool.allocate(s, 5000, 256);
     CHECK(pool.statistics().reserved_bytes == 10 * MiB);
     CHECK(pool.detailed_statistics().chunks == 3);
     CHECK(pool.detailed_statistics().upstream_allocations == 3);
     check_accounting(pool);
     pool.deallocate(s, big, 3 * MiB, 256);
     pool.deallocate(s, big2, 3 * MiB, 256);
-    CHECK(pool.trim() == 8 * MiB); // the two large chunks are wholly free; the small one holds q
-    CHECK(pool.statistics().reserved_bytes == 2 * MiB);
-    CHECK(pool.upstream().used() == 2 * MiB);
+    pool.deallocate(s, small, 5000, 256);
+    CHECK(pool.trim() == 6 * MiB); // big2's chunk and the small one are wholly free; the initial one holds q
+    CHECK(pool.statistics().reserved_bytes == 4 * MiB);
+    CHECK(pool.upstream().used() == 4 * MiB);
     pool.deallocate(s, q, 900, 256);
-    CHECK(pool.trim() == 2 * MiB);
+    CHECK(pool.trim() == 4 * MiB);
     CHECK(pool.statistics().reserved_bytes == 0);
     CHECK(pool.upstream().used() == 0);
+    check_accounting(pool);
+}
+
+TEST_CASE("a working set within initial_size never makes the pool grow, whatever its sizes", "[pool]") {
+    pool_options o;
+    o.initial_size = 64 * MiB;
+    stream_ordered_pool<virtual_device_memory> pool(o, 0, 256 * MiB);
+    custody::host::stream s;
+    std::vector<std::pair<void*, std::size_t>> live;
+    for (std::size_t n : {std::size_t{1024}, std::size_t{1000}, 64 * KiB, 1 * MiB, 3 * MiB, 16 * MiB, 300 * KiB}) {
+        for (int i = 0; i < 3; ++i) live.emplace_back(pool.allocate(s, n, 256), n);
+    }
+    CHECK(pool.statistics().reserved_bytes == 64 * MiB);
+    CHECK(pool.detailed_statistics().upstream_allocations == 1);
+    check_accounting(pool);
+    for (auto [p, n] : live) pool.deallocate(s, p, n, 256);
+    void* over = pool.allocate(s, 100 * MiB, 256); // more than the initial size: the pool grows
+    CHECK(pool.statistics().reserved_bytes > 64 * MiB);
+    pool.deallocate(s, over, 100 * MiB, 256);
     check_accounting(pool);
 }
 
@@ -451,4 +475,76 @@ TEST_CASE("the device budget counts what the upstream retains as free", "[pool][
     CHECK(pool.trim() == 4 * MiB);
     CHECK(pool.upstream().held() == 0);
     check_accounting(pool);
+}
+
+// ---- misuse of deallocate -------------------------------------------------------------------------
+
+namespace {
+std::vector<custody::pool::misuse>& misuses_seen() {
+    static std::vector<custody::pool::misuse> v;
+    return v;
+}
+void record_misuse(const custody::pool::misuse& m) noexcept { misuses_seen().push_back(m); }
+} // namespace
+
+TEST_CASE("a checked pool refuses each misuse of deallocate with a typed report and stays as it was",
+          "[pool][checked]") {
+    misuses_seen().clear();
+    misuses_seen().reserve(16);
+    pool_options o;
+    o.checked = true;
+    o.on_misuse = &record_misuse;
+    stream_ordered_pool<virtual_device_memory> pool(o, 0, 64 * MiB);
+    custody::host::stream s;
+    void* a = pool.allocate(s, 1000, 256);
+    void* b = pool.allocate(s, 3 * MiB, 256);
+    pool.deallocate(s, a, 1000, 256);
+    const auto before = pool.detailed_statistics();
+    int outside = 0;
+    pool.deallocate(s, a, 1000, 256);                                            // given back twice
+    pool.deallocate(s, static_cast<char*>(b) + 4096, 3 * MiB - 4096, 256);       // inside a live block
+    pool.deallocate(s, b, 2 * MiB, 256);                                         // another size
+    pool.deallocate(s, b, 3 * MiB, 4096);                                        // another alignment
+    pool.deallocate(s, &outside, sizeof outside, alignof(int));                  // not the pool's
+    using custody::pool::misuse_kind;
+    REQUIRE(misuses_seen().size() == 5);
+    CHECK(misuses_seen()[0].kind == misuse_kind::double_free);
+    CHECK(misuses_seen()[1].kind == misuse_kind::interior_pointer);
+    CHECK(misuses_seen()[1].block == reinterpret_cast<std::uintptr_t>(b));
+    CHECK(misuses_seen()[2].kind == misuse_kind::wrong_size);
+    CHECK(misuses_seen()[2].block_bytes == 3 * MiB);
+    CHECK(misuses_seen()[3].kind == misuse_kind::wrong_size);
+    CHECK(misuses_seen()[4].kind == misuse_kind::foreign_pointer);
+    CHECK(misuses_seen()[4].stream_key == platform::stream_key(s));
+    CHECK_THAT(misuses_seen()[2].describe(), custody_test::contains("wrong size"));
+    const auto after = pool.detailed_statistics();
+    CHECK(after.misuses == 5);
+    CHECK(after.totals.deallocations == before.totals.deallocations);
+    CHECK(after.totals.live_bytes == before.totals.live_bytes);
+    CHECK(after.live_block_bytes == before.live_block_bytes);
+    CHECK(after.stream_cached_bytes == before.stream_cached_bytes);
+    CHECK(after.shared_free_bytes == before.shared_free_bytes);
+    // No two live allocations share a block.
+    void* x = pool.allocate(s, 1000, 256);
+    void* y = pool.allocate(s, 1000, 256);
+    CHECK(x != y);
+    pool.deallocate(s, x, 1000, 256);
+    pool.deallocate(s, y, 1000, 256);
+    pool.deallocate(s, b, 3 * MiB, 256);
+    CHECK(misuses_seen().size() == 5);
+    CHECK(pool.statistics().live_allocations == 0);
+    check_accounting(pool);
+}
+
+TEST_CASE("without a misuse callback a checked pool reports the misuse as a failure", "[pool][checked]") {
+    failure_log log;
+    pool_options o;
+    o.checked = true;
+    stream_ordered_pool<host_memory> pool(o);
+    void* p = pool.allocate_sync(4096, 256);
+    pool.deallocate_sync(p, 4096, 256);
+    pool.deallocate_sync(p, 4096, 256);
+    REQUIRE(log.lines().size() == 1);
+    CHECK_THAT(log.lines()[0], custody_test::contains("double free"));
+    CHECK(pool.statistics().deallocations == 1);
 }

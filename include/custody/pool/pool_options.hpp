@@ -4,6 +4,7 @@
 #pragma once
 
 #include <custody/platform/platform.hpp>
+#include <custody/pool/pool_misuse.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -32,12 +33,21 @@ enum class reuse_policy {
 /// `Platform::memory_info` (cudaMemGetInfo on the cuda platform), or one of the caller's own.
 using memory_info_function = std::optional<device_memory> (*)(int device);
 
+/// Whether pool_options::checked is on by default: in builds without NDEBUG (debug builds).
+#ifdef NDEBUG
+inline constexpr bool checked_by_default = false;
+#else
+inline constexpr bool checked_by_default = true;
+#endif
+
 /// How a stream_ordered_pool grows and what it keeps. Every field has a default that suits an
 /// inference server; the comment beside each says why.
 struct pool_options {
-    /// Bytes taken from the upstream when the pool is built. 0 (the default): nothing until the
-    /// first allocation, so a pool that is never used costs nothing. An engine that knows its
-    /// working set sets it here and never grows during a request.
+    /// Bytes taken from the upstream when the pool is built, as one chunk that serves every size:
+    /// while the pool holds no more than this, size-class blocks are cut from it too (beyond it,
+    /// they take chunks of their own). 0 (the default): nothing until the first allocation, so a
+    /// pool that is never used costs nothing. An engine that knows its working set sets it here
+    /// and never grows during a request.
     std::size_t initial_size = 0;
 
     /// Smallest chunk taken from the upstream when the pool must grow: 2 MiB (the GPU's large
@@ -93,6 +103,15 @@ struct pool_options {
     /// more are created at once when they run out.
     std::size_t initial_events = 8;
     std::size_t event_batch = 8;
+
+    /// Checked mode: the pool keeps its live blocks by address (a map under one lock: O(log n)
+    /// and a node allocation per pair) and checks every deallocate against them. A double free,
+    /// an interior pointer, a pointer of none of the pool's chunks, or bytes or an alignment other
+    /// than the allocation's is reported as a `misuse` (to `on_misuse`, or else its describe() to
+    /// custody::report_failure) and changes nothing. On by default in debug builds (no NDEBUG);
+    /// its cost per pair is measured by the benchmark pair/pool_checked beside pair/pool.
+    bool checked = checked_by_default;
+    misuse_callback on_misuse = nullptr;
 };
 
 } // namespace custody::pool

@@ -47,6 +47,7 @@ struct pool_statistics {
     std::uint64_t dependency_waits = 0;     ///< times a stream was made to wait on another's event
     std::uint64_t reclaims = 0;             ///< last-resort reclaims (host waits) before a failure
     std::uint64_t failures = 0;             ///< out_of_memory thrown
+    std::uint64_t misuses = 0;              ///< deallocates a checked pool refused (pool_options::checked)
     std::vector<stream_free_bytes> per_stream; ///< one entry per shard, in the order streams were met
 
     /// Peak reserved over peak live bytes: what the pool costs over what its users ever held at

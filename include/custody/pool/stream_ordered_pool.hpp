@@ -36,12 +36,14 @@
 #include <custody/pool/detail/counters.hpp>
 #include <custody/pool/detail/free_set.hpp>
 #include <custody/pool/detail/growth.hpp>
+#include <custody/pool/detail/live_blocks.hpp>
 #include <custody/pool/detail/peak_counter.hpp>
 #include <custody/pool/detail/request.hpp>
 #include <custody/pool/detail/shard.hpp>
 #include <custody/pool/detail/shared_store.hpp>
 #include <custody/pool/detail/size_classes.hpp>
 #include <custody/pool/detail/stream_caches.hpp>
+#include <custody/pool/pool_misuse.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/pool_statistics.hpp>
 
@@ -52,6 +54,7 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -223,6 +226,7 @@ public:
         p.dependency_waits = activity_.dependency_waits.load(std::memory_order_relaxed);
         p.reclaims = activity_.reclaims.load(std::memory_order_relaxed);
         p.failures = activity_.failures.load(std::memory_order_relaxed);
+        p.misuses = activity_.misuses.load(std::memory_order_relaxed);
         return p;
     }
 
@@ -286,6 +290,17 @@ private:
 
     /// allocate, with the pool's device current when `stream` is the default stream.
     [[gnu::always_inline]] void* allocate_on(stream_type stream, std::size_t bytes, std::size_t alignment) {
+        if (options_.checked) [[unlikely]] return allocate_checked(stream, bytes, alignment);
+        return take_block(stream, bytes, alignment);
+    }
+    /// deallocate, with the pool's device current when `stream` is the default stream.
+    [[gnu::always_inline]] void deallocate_on(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+        if (ptr == nullptr) return;
+        if (options_.checked && !forget_live(stream, ptr, bytes, alignment)) [[unlikely]] return;
+        give_block(stream, ptr, bytes, alignment);
+    }
+
+    [[gnu::always_inline]] void* take_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
         if (!is_pow2(alignment) || alignment > max_alignment) [[unlikely]] check_alignment(alignment, max_alignment);
         if (bytes == 0) return nullptr;
         if (platform_type::is_capturing(stream)) throw capture_error(platform_type::stream_key(stream), bytes);
@@ -300,9 +315,7 @@ private:
         return p;
     }
 
-    /// deallocate, with the pool's device current when `stream` is the default stream.
-    [[gnu::always_inline]] void deallocate_on(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        if (ptr == nullptr) return;
+    [[gnu::always_inline]] void give_block(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         const detail::request r = detail::classify(bytes, alignment);
         const auto address = reinterpret_cast<std::uintptr_t>(ptr);
         if (streams_.capturing_for_free(stream)) {
@@ -346,6 +359,43 @@ private:
         return reinterpret_cast<void*>(address);
     }
 
+    // ---- checked mode ----
+
+    /// take_block, and the block recorded among the live ones (the record's node is made first,
+    /// so that a bad_alloc leaves the pool unchanged).
+    [[gnu::noinline]] void* allocate_checked(stream_type stream, std::size_t bytes, std::size_t alignment) {
+        detail::live_blocks::node n = detail::live_blocks::make_node();
+        void* p = take_block(stream, bytes, alignment);
+        if (p != nullptr) {
+            live_.add(std::move(n), reinterpret_cast<std::uintptr_t>(p), detail::classify(bytes, alignment).size, bytes, alignment);
+        }
+        return p;
+    }
+
+    /// Forgets the live block `ptr` when the call matches its allocation; else reports the misuse
+    /// and returns false (the pool is left as it was).
+    [[gnu::noinline]] bool forget_live(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+        misuse m;
+        m.address = reinterpret_cast<std::uintptr_t>(ptr);
+        m.bytes = bytes;
+        m.alignment = alignment;
+        m.stream_key = platform_type::stream_key(stream);
+        const std::optional<misuse> found =
+            live_.remove(m, [&](std::uintptr_t a) { return store_.chunks().find(a).size != 0; });
+        if (!found) return true;
+        activity_.count(activity_.misuses);
+        if (options_.on_misuse != nullptr) {
+            options_.on_misuse(*found);
+        } else {
+            try {
+                report_failure(found->describe());
+            } catch (...) {
+                report_failure("stream_ordered_pool: a deallocate that matches no live block was refused");
+            }
+        }
+        return false;
+    }
+
     // ---- the slow path: a ladder of steps, each costlier or more disruptive than the last ----
 
     /// Out of line, so that the fast path stays small and keeps the request in registers.
@@ -354,6 +404,7 @@ private:
         if (void* p = take_shared(sh, r)) return p;
         if (void* p = take_from_other_streams(stream, sh, r)) return p;
         if (void* p = take_merged(stream, sh, r)) return p;
+        if (void* p = take_within_initial(stream, sh, r)) return p;
         if (void* p = grow_and_take(sh, r)) return p;
         if (void* p = take_other_kind(stream, sh, r)) return p;
         return take_after_reclaim(r);
@@ -400,6 +451,14 @@ private:
         if (sh->recent.empty()) return nullptr;
         streams_.merge_recent(*sh, stream);
         return reinterpret_cast<void*>(sh->take_span(block_kind::large, r.size, r.alignment));
+    }
+
+    /// While the pool holds no more than its initial size, the initial chunk serves either kind
+    /// before the pool grows: a working set known up front (pool_options::initial_size) never
+    /// makes the pool grow, whatever its sizes.
+    void* take_within_initial(stream_type stream, shard* sh, detail::request r) {
+        if (options_.initial_size == 0 || store_.reserved() > align_up(options_.initial_size, granule)) return nullptr;
+        return take_other_kind(stream, sh, r);
     }
 
     /// A new chunk of the request's kind.
@@ -482,6 +541,7 @@ private:
     // store_.reserved() = live block bytes + the shards' cached + shared free + quarantined
     detail::peak_counter peak_;    // live bytes: the shards' counts.live_bytes + slow_'s
     detail::atomic_counters slow_; // the slow path's allocations, the frees without a shard
+    detail::live_blocks live_;     // checked mode only: the blocks handed out
 };
 
 } // namespace custody::pool

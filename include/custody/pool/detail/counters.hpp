@@ -72,6 +72,7 @@ struct activity_counters {
     std::atomic<std::uint64_t> dependency_waits{0};     ///< a stream made to wait on another's event
     std::atomic<std::uint64_t> reclaims{0};             ///< last-resort reclaims before a failure
     std::atomic<std::uint64_t> failures{0};             ///< out_of_memory thrown
+    std::atomic<std::uint64_t> misuses{0};              ///< deallocates a checked pool refused
 
     static void count(std::atomic<std::uint64_t>& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }
 };
