@@ -51,10 +51,8 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -131,13 +129,7 @@ public:
     static constexpr std::size_t chunk_rounding = detail::chunk_rounding;
     /// The alignment chunks are requested with: the upstream's largest (when it declares one),
     /// at most a page, at least the granule. Larger alignments are served by splitting.
-    static constexpr std::size_t chunk_alignment = [] {
-        if constexpr (requires { Upstream::max_alignment; }) {
-            return std::clamp<std::size_t>(Upstream::max_alignment, detail::granule, custody::max_alignment);
-        } else {
-            return detail::granule;
-        }
-    }();
+    static constexpr std::size_t chunk_alignment = detail::chunk_alignment_of<Upstream>();
 
     /// Builds the pool with `options` over an upstream constructed from `upstream_args`.
     /// Throws out_of_memory if options.initial_size cannot be taken, std::invalid_argument for
@@ -145,7 +137,7 @@ public:
     template <class... Args>
     explicit stream_ordered_pool(pool_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), options_(detail::validated(options)),
-          device_(upstream_device()), store_(upstream_, options_, device_, chunk_alignment),
+          device_(detail::device_of(upstream_)), store_(upstream_, options_, device_, chunk_alignment),
           streams_(options_, device_, store_, activity_), request_limit_(detail::growth_rule(options_).request_limit()) {
         if (options_.initial_size > 0 && !store_.grow_exactly(block_kind::large, align_up(options_.initial_size, granule))) {
             throw out_of_memory(options_.initial_size, chunk_alignment, device_, statistics(), name,
@@ -165,7 +157,7 @@ public:
     /// every chunk back to the upstream.
     ~stream_ordered_pool() {
         streams_.wait_all();
-        report_leaks();
+        detail::report_leaks(statistics());
         store_.release_all();
     }
 
@@ -222,11 +214,7 @@ public:
         p.live_block_bytes = static_cast<std::size_t>(c.block_bytes);
         p.streams = streams_.size();
         p.fast_allocations = c.allocations - slow_.allocations();
-        p.opportunistic_reuses = activity_.opportunistic_reuses.load(std::memory_order_relaxed);
-        p.dependency_waits = activity_.dependency_waits.load(std::memory_order_relaxed);
-        p.reclaims = activity_.reclaims.load(std::memory_order_relaxed);
-        p.failures = activity_.failures.load(std::memory_order_relaxed);
-        p.misuses = activity_.misuses.load(std::memory_order_relaxed);
+        activity_.add_to(p);
         return p;
     }
 
@@ -252,16 +240,6 @@ private:
     using counters = detail::counters;
     using shard = typename detail::stream_caches<Upstream>::shard;
 
-    // ---- construction and destruction ----
-
-    int upstream_device() const {
-        if constexpr (device_bound_resource<Upstream>) {
-            return upstream_.device();
-        } else {
-            return -1;
-        }
-    }
-
     /// The pool-wide counters with the call counts `c` summed over the shards.
     [[nodiscard]] resource_statistics totals(const counters& c) const noexcept {
         resource_statistics s;
@@ -273,17 +251,6 @@ private:
         s.deallocations = c.deallocations;
         s.live_allocations = static_cast<std::size_t>(c.allocations - c.deallocations);
         return s;
-    }
-
-    void report_leaks() const noexcept {
-        const resource_statistics s = statistics();
-        if (s.live_allocations == 0) return;
-        char line[256];
-        const int len = std::snprintf(line, sizeof line,
-                                      "stream_ordered_pool destroyed with %zu blocks (%zu bytes) still "
-                                      "allocated; their memory goes back to the upstream now",
-                                      s.live_allocations, s.live_bytes);
-        report_failure(std::string_view(line, len > 0 ? static_cast<std::size_t>(len) : 0U));
     }
 
     // ---- the fast path ----
@@ -361,38 +328,20 @@ private:
 
     // ---- checked mode ----
 
-    /// take_block, and the block recorded among the live ones (the record's node is made first,
-    /// so that a bad_alloc leaves the pool unchanged).
+    /// take_block, and the block recorded among the live ones.
     [[gnu::noinline]] void* allocate_checked(stream_type stream, std::size_t bytes, std::size_t alignment) {
-        detail::live_blocks::node n = detail::live_blocks::make_node();
-        void* p = take_block(stream, bytes, alignment);
-        if (p != nullptr) {
-            live_.add(std::move(n), reinterpret_cast<std::uintptr_t>(p), detail::classify(bytes, alignment).size, bytes, alignment);
-        }
-        return p;
+        return live_.recorded(detail::classify(bytes, alignment).size, bytes, alignment,
+                              [&] { return take_block(stream, bytes, alignment); });
     }
-
     /// Forgets the live block `ptr` when the call matches its allocation; else reports the misuse
     /// and returns false (the pool is left as it was).
     [[gnu::noinline]] bool forget_live(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        misuse m;
-        m.address = reinterpret_cast<std::uintptr_t>(ptr);
-        m.bytes = bytes;
-        m.alignment = alignment;
-        m.stream_key = platform_type::stream_key(stream);
-        const std::optional<misuse> found =
-            live_.remove(m, [&](std::uintptr_t a) { return store_.chunks().find(a).size != 0; });
-        if (!found) return true;
-        activity_.count(activity_.misuses);
-        if (options_.on_misuse != nullptr) {
-            options_.on_misuse(*found);
-        } else {
-            try {
-                report_failure(found->describe());
-            } catch (...) {
-                report_failure("stream_ordered_pool: a deallocate that matches no live block was refused");
-            }
+        const misuse m{.address = reinterpret_cast<std::uintptr_t>(ptr), .bytes = bytes, .alignment = alignment,
+                       .stream_key = platform_type::stream_key(stream)};
+        if (live_.forget(m, [&](std::uintptr_t a) { return store_.chunks().find(a).size != 0; }, options_.on_misuse)) {
+            return true;
         }
+        activity_.count(activity_.misuses);
         return false;
     }
 

@@ -1,11 +1,18 @@
 /// @file
 /// The pool's call and byte counters: `counters`, kept per stream under its lock, and
-/// `atomic_counters`, the same for calls served without a stream's shard.
+/// `atomic_counters`, the same for calls served without a stream's shard; `activity_counters`, the
+/// pool's rare events; and the leak report at the pool's end.
 #pragma once
+
+#include <custody/core/report.hpp>
+#include <custody/core/statistics.hpp>
+#include <custody/pool/pool_statistics.hpp>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <string_view>
 
 namespace custody::pool::detail {
 
@@ -75,6 +82,27 @@ struct activity_counters {
     std::atomic<std::uint64_t> misuses{0};              ///< deallocates a checked pool refused
 
     static void count(std::atomic<std::uint64_t>& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }
+
+    /// Copies the counts into `p`.
+    void add_to(pool_statistics& p) const noexcept {
+        p.opportunistic_reuses = opportunistic_reuses.load(std::memory_order_relaxed);
+        p.dependency_waits = dependency_waits.load(std::memory_order_relaxed);
+        p.reclaims = reclaims.load(std::memory_order_relaxed);
+        p.failures = failures.load(std::memory_order_relaxed);
+        p.misuses = misuses.load(std::memory_order_relaxed);
+    }
 };
+
+/// Reports, through custody::report_failure, the blocks still allocated when a pool ends (`s`: its
+/// statistics then); nothing when there are none.
+inline void report_leaks(const resource_statistics& s) noexcept {
+    if (s.live_allocations == 0) return;
+    char line[256];
+    const int len = std::snprintf(line, sizeof line,
+                                  "stream_ordered_pool destroyed with %zu blocks (%zu bytes) still "
+                                  "allocated; their memory goes back to the upstream now",
+                                  s.live_allocations, s.live_bytes);
+    report_failure(std::string_view(line, len > 0 ? static_cast<std::size_t>(len) : 0U));
+}
 
 } // namespace custody::pool::detail

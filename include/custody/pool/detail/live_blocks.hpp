@@ -4,6 +4,7 @@
 /// changes anything.
 #pragma once
 
+#include <custody/core/report.hpp>
 #include <custody/pool/pool_misuse.hpp>
 
 #include <cstddef>
@@ -48,6 +49,34 @@ public:
         n.mapped() = entry{size, bytes, alignment};
         std::lock_guard lock(mutex_);
         blocks_.insert(std::move(n));
+    }
+
+    /// What `take()` returns (a block of `size` bytes for `bytes` and `alignment`, or nullptr),
+    /// recorded. The record's memory is taken first: a bad_alloc takes no block.
+    template <class Take>
+    [[nodiscard]] void* recorded(std::size_t size, std::size_t bytes, std::size_t alignment, Take&& take) {
+        node n = make_node();
+        void* p = take();
+        if (p != nullptr) add(std::move(n), reinterpret_cast<std::uintptr_t>(p), size, bytes, alignment);
+        return p;
+    }
+
+    /// remove(m, in_chunk), and the misuse found reported: to `on_misuse`, or else its describe()
+    /// to custody::report_failure. True when the block was forgotten.
+    template <class InChunk>
+    bool forget(const misuse& m, InChunk&& in_chunk, misuse_callback on_misuse) noexcept {
+        const std::optional<misuse> found = remove(m, in_chunk);
+        if (!found) return true;
+        if (on_misuse != nullptr) {
+            on_misuse(*found);
+            return false;
+        }
+        try {
+            report_failure(found->describe());
+        } catch (...) {
+            report_failure("stream_ordered_pool: a deallocate that matches no live block was refused");
+        }
+        return false;
     }
 
     /// Forgets the block at `m.address` when `m` (bytes, alignment) matches its allocation, and

@@ -3,6 +3,7 @@
 /// how it grows, and the free spans any stream may use at once.
 #pragma once
 
+#include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/report.hpp>
 #include <custody/pool/detail/block_kind.hpp>
@@ -32,6 +33,27 @@ struct taken_block {
     free_block block; ///< size 0: nothing fitted
     free_block tail;
 };
+
+/// The alignment a pool asks its chunks with: the upstream's largest (when it declares one), at
+/// most a page, at least the granule.
+template <class Upstream>
+[[nodiscard]] constexpr std::size_t chunk_alignment_of() noexcept {
+    if constexpr (requires { Upstream::max_alignment; }) {
+        return std::clamp<std::size_t>(Upstream::max_alignment, granule, custody::max_alignment);
+    } else {
+        return granule;
+    }
+}
+
+/// The device `upstream`'s memory belongs to; -1 when it has none.
+template <class Upstream>
+[[nodiscard]] int device_of(const Upstream& upstream) {
+    if constexpr (device_bound_resource<Upstream>) {
+        return upstream.device();
+    } else {
+        return -1;
+    }
+}
 
 /// The chunks of a pool over `Upstream` and the free spans that belong to no stream: fresh chunks,
 /// and streams' blocks once their work is known to have finished.
