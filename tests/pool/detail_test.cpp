@@ -23,7 +23,6 @@
 #include <optional>
 #include <vector>
 
-using custody::host::platform;
 using namespace custody_pool_test;
 namespace detail = custody::pool::detail;
 

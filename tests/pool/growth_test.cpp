@@ -3,7 +3,7 @@
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/detail/leaf.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/catch.hpp"
 #include "support.hpp"
@@ -18,20 +18,13 @@
 #include <utility>
 #include <vector>
 
-using custody::host::platform;
-using custody::pool::pool_options;
-using custody::pool::reuse_policy;
-using custody::pool::stream_ordered_pool;
-using custody::resource::host_memory;
-using custody::resource::virtual_device_memory;
 using namespace custody_pool_test;
-namespace detail = custody::pool::detail;
 
 static_assert(custody::try_allocatable_resource<host_memory>);
 static_assert(custody::stream_ordered_resource<stream_ordered_pool<host_memory>>);
 static_assert(custody::resource_with_statistics<stream_ordered_pool<host_memory>>);
-static_assert(custody::device_bound_resource<stream_ordered_pool<virtual_device_memory>>);
-static_assert(custody::has_property<stream_ordered_pool<virtual_device_memory>, custody::device_accessible>);
+static_assert(custody::device_bound_resource<stream_ordered_pool<simulated_device_memory>>);
+static_assert(custody::has_property<stream_ordered_pool<simulated_device_memory>, custody::device_accessible>);
 static_assert(custody::has_property<stream_ordered_pool<host_memory>, custody::host_accessible>);
 static_assert(!std::is_copy_constructible_v<stream_ordered_pool<host_memory>> &&
               !std::is_move_constructible_v<stream_ordered_pool<host_memory>>);
@@ -42,7 +35,7 @@ TEST_CASE("the pool grows in chunks, reuses on the fast path and trims what is w
     pool_options o;
     o.initial_size = 4 * MiB;
     o.growth_step = 2 * MiB;
-    stream_ordered_pool<virtual_device_memory> pool(o, 0, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(o, 0, 64 * MiB);
     CHECK(pool.statistics().reserved_bytes == 4 * MiB);
     CHECK(pool.upstream().used() == 4 * MiB);
     custody::host::stream s;
@@ -82,7 +75,7 @@ TEST_CASE("the pool grows in chunks, reuses on the fast path and trims what is w
 TEST_CASE("a working set within initial_size never makes the pool grow, whatever its sizes", "[pool]") {
     pool_options o;
     o.initial_size = 64 * MiB;
-    stream_ordered_pool<virtual_device_memory> pool(o, 0, 256 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(o, 0, 256 * MiB);
     custody::host::stream s;
     std::vector<std::pair<void*, std::size_t>> live;
     for (std::size_t n : {std::size_t{1024}, std::size_t{1000}, 64 * KiB, 1 * MiB, 3 * MiB, 16 * MiB, 300 * KiB}) {
@@ -183,14 +176,14 @@ TEST_CASE("large blocks are split and their free neighbours coalesced", "[pool]"
 
 TEST_CASE("destruction gives every chunk back and reports blocks still out", "[pool]") {
     failure_log log;
-    auto pool = std::make_unique<stream_ordered_pool<virtual_device_memory>>(pool_options{}, 0, 256 * MiB);
+    auto pool = std::make_unique<stream_ordered_pool<simulated_device_memory>>(pool_options{}, 0, 256 * MiB);
     void* p = pool->allocate_sync(4000, 256);
     REQUIRE(p != nullptr);
     const auto& upstream = pool->upstream();
     CHECK(upstream.used() == 2 * MiB); // one chunk of the default growth step
     pool.reset();
-    REQUIRE(failure_log::lines().size() == 1);
-    CHECK(failure_log::lines()[0].find("1 blocks (4000 bytes) still allocated") != std::string::npos);
+    REQUIRE(log.lines().size() == 1);
+    CHECK(log.lines()[0].find("1 blocks (4000 bytes) still allocated") != std::string::npos);
 }
 
 TEST_CASE("a clean pool reports nothing when destroyed", "[pool]") {
@@ -201,13 +194,13 @@ TEST_CASE("a clean pool reports nothing when destroyed", "[pool]") {
         void* p = pool.allocate(s, 100, 256);
         pool.deallocate(s, p, 100, 256);
     }
-    CHECK(failure_log::lines().empty());
+    CHECK(log.lines().empty());
 }
 
 // ---- bad inputs ----------------------------------------------------------------------------------
 
 TEST_CASE("bad alignments and streams of another device are invalid_argument and change nothing", "[pool]") {
-    stream_ordered_pool<virtual_device_memory> pool(pool_options{}, 2, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(pool_options{}, 2, 64 * MiB);
     custody::host::stream own(2);
     void* held = pool.allocate(own, 5000, 256);
     const auto before = pool.detailed_statistics();
@@ -251,7 +244,7 @@ TEST_CASE("out_of_memory comes after a reclaim, says why, and leaves live blocks
     pool_options o;
     o.growth_step = 1 * MiB;
     o.maximum_size = 4 * MiB;
-    stream_ordered_pool<virtual_device_memory> pool(o, 0, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(o, 0, 64 * MiB);
     custody::host::stream a;
     custody::host::stream b;
     void* x = pool.allocate(a, 3 * MiB, 256);
@@ -345,7 +338,7 @@ TEST_CASE("each stream takes one event from the stock when first seen, none afte
     pool_options o;
     o.initial_events = 2;
     o.event_batch = 2;
-    stream_ordered_pool<virtual_device_memory> pool(o, 4, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(o, 4, 64 * MiB);
     custody::host::device_guard on_device(4);
     std::vector<custody::host::stream> streams;
     for (int i = 0; i < 5; ++i) streams.emplace_back(4);
@@ -362,7 +355,7 @@ TEST_CASE("each stream takes one event from the stock when first seen, none afte
 TEST_CASE("an initial size the upstream cannot give is out_of_memory from the constructor", "[pool][oom]") {
     pool_options o;
     o.initial_size = 2 * MiB;
-    CHECK_THROWS_AS(stream_ordered_pool<virtual_device_memory>(o, 0, 1 * MiB), custody::out_of_memory);
+    CHECK_THROWS_AS(stream_ordered_pool<simulated_device_memory>(o, 0, 1 * MiB), custody::out_of_memory);
     o.maximum_size = 1 * MiB; // the limit applies to the initial chunk too
     CHECK_THROWS_AS(stream_ordered_pool<host_memory>(o), custody::out_of_memory);
 }
@@ -494,7 +487,7 @@ TEST_CASE("a checked pool refuses each misuse of deallocate with a typed report 
     pool_options o;
     o.checked = true;
     o.on_misuse = &record_misuse;
-    stream_ordered_pool<virtual_device_memory> pool(o, 0, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(o, 0, 64 * MiB);
     custody::host::stream s;
     void* a = pool.allocate(s, 1000, 256);
     void* b = pool.allocate(s, 3 * MiB, 256);

@@ -4,7 +4,7 @@
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/catch.hpp"
 #include "support.hpp"
@@ -19,18 +19,11 @@
 #include <tuple>
 #include <vector>
 
-using custody::host::platform;
-using custody::pool::pool_options;
-using custody::pool::reuse_policy;
-using custody::pool::stream_ordered_pool;
-using custody::resource::host_memory;
-using custody::resource::virtual_device_memory;
 using namespace custody_pool_test;
-namespace detail = custody::pool::detail;
 using custody::resource::fault_injecting;
 
 TEST_CASE("a failure of the upstream at any call leaves the pool consistent and loses nothing", "[pool][faults]") {
-    using upstream = fault_injecting<virtual_device_memory>;
+    using upstream = fault_injecting<simulated_device_memory>;
     // A fixed script of operations, replayed with the k-th upstream call failing, for every k.
     auto run = [](stream_ordered_pool<upstream>& pool, std::uint64_t fail_at, bool repeat, int& failures) {
         if (fail_at != 0) pool.upstream().fail_at(fail_at, repeat);

@@ -3,7 +3,7 @@
 #include <custody/platform/host.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/catch.hpp"
 #include "support.hpp"
@@ -16,14 +16,7 @@
 #include <thread>
 #include <vector>
 
-using custody::host::platform;
-using custody::pool::pool_options;
-using custody::pool::reuse_policy;
-using custody::pool::stream_ordered_pool;
-using custody::resource::host_memory;
-using custody::resource::virtual_device_memory;
 using namespace custody_pool_test;
-namespace detail = custody::pool::detail;
 
 TEST_CASE("follow_dependencies hands a busy stream's block to another stream only behind its work",
           "[pool][streams]") {
@@ -297,7 +290,7 @@ TEST_CASE("streams beyond max_streams are served without a shard", "[pool][strea
 }
 
 TEST_CASE("a block given back on a stream of another device waits for it and stays accounted", "[pool][streams]") {
-    stream_ordered_pool<virtual_device_memory> pool(pool_options{}, 1, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(pool_options{}, 1, 64 * MiB);
     custody::host::stream own(1);
     custody::host::stream foreign(6);
     void* p = pool.allocate(own, 3000, 256);
@@ -311,7 +304,7 @@ TEST_CASE("a block given back on a stream of another device waits for it and sta
 }
 
 TEST_CASE("a stream of another device is refused even where it reuses a dead stream's handle", "[pool][streams]") {
-    stream_ordered_pool<virtual_device_memory> pool(pool_options{}, 0, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(pool_options{}, 0, 64 * MiB);
     const custody::host::detail::stream_state* dead = nullptr;
     {
         custody::host::stream a(0);
@@ -339,7 +332,7 @@ TEST_CASE("the synchronous pair runs on the pool's device whatever device the ca
     failure_log log;
     pool_options o;
     o.record_interval = 1; // every free records the stream's event: on the default stream, the device's
-    stream_ordered_pool<virtual_device_memory> pool(o, 2, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(o, 2, 64 * MiB);
     custody::host::device_guard elsewhere(5);
     void* p = pool.allocate_sync(1000, 256);
     pool.deallocate_sync(p, 1000, 256);

@@ -1,19 +1,28 @@
-// Shared by the pool's test files: the accounting identity, a failure log, and a pool sized so that
-// each free is visible to other streams at once.
+// Shared by the pool's test files: the names they use, the accounting identity, and a pool sized so
+// that each free is visible to other streams at once.
 #pragma once
 
-#include <custody/core/report.hpp>
+#include <custody/platform/host.hpp>
 #include <custody/pool/pool_options.hpp>
+#include <custody/pool/stream_ordered_pool.hpp>
+#include <custody/resource/host_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/catch.hpp"
+#include "../support/failure_log.hpp"
 
 #include <cstddef>
-#include <mutex>
-#include <string>
-#include <string_view>
-#include <vector>
 
 namespace custody_pool_test {
+
+using custody::host::platform;
+using custody::host::simulated_device_memory;
+using custody::pool::pool_options;
+using custody::pool::reuse_policy;
+using custody::pool::stream_ordered_pool;
+using custody::resource::host_memory;
+namespace detail = custody::pool::detail;
+using custody::test::failure_log;
 
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * 1024;
@@ -32,34 +41,6 @@ void check_accounting(const Pool& pool) {
     CHECK(p.totals.peak_reserved_bytes >= p.totals.reserved_bytes);
     CHECK(p.totals.peak_live_bytes >= p.totals.live_bytes);
 }
-
-/// Collects what the pool reports through custody::report_failure.
-struct failure_log {
-    static std::vector<std::string>& lines() {
-        static std::vector<std::string> l;
-        return l;
-    }
-    static std::mutex& mutex() {
-        static std::mutex m;
-        return m;
-    }
-    static void callback(std::string_view message) noexcept {
-        std::lock_guard lock(mutex());
-        try {
-            lines().emplace_back(message);
-        } catch (...) {
-        }
-    }
-    failure_log() {
-        lines().clear();
-        previous_ = custody::set_failure_callback(&callback);
-    }
-    ~failure_log() { custody::set_failure_callback(previous_); }
-    failure_log(const failure_log&) = delete;
-    failure_log& operator=(const failure_log&) = delete;
-    custody::failure_callback previous_;
-};
-
 
 /// A pool of `chunks` chunks of `n` bytes whose streams record their event at every free, so that
 /// each free is at once visible to other streams as the policy allows.

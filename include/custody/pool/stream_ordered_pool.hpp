@@ -27,8 +27,8 @@
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/error.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/core/properties.hpp>
-#include <custody/core/report.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/platform/platform.hpp>
 #include <custody/pool/capture_error.hpp>

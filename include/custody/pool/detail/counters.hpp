@@ -4,7 +4,7 @@
 /// pool's rare events; and the leak report at the pool's end.
 #pragma once
 
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/pool/pool_statistics.hpp>
 

@@ -4,7 +4,7 @@
 /// changes anything.
 #pragma once
 
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/pool/pool_misuse.hpp>
 
 #include <cstddef>

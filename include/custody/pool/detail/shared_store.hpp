@@ -5,7 +5,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/chunk_map.hpp>
 #include <custody/pool/detail/free_set.hpp>

@@ -4,7 +4,8 @@
 #pragma once
 
 #include <custody/core/concepts.hpp>
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
+#include <custody/platform/platform.hpp>
 #include <custody/pool/detail/counters.hpp>
 #include <custody/pool/detail/event_pool.hpp>
 #include <custody/pool/detail/request.hpp>
@@ -55,23 +56,18 @@ public:
     stream_caches& operator=(const stream_caches&) = delete;
 
     /// Waits until every cached block is idle: each stream's event, and the device when some
-    /// blocks are not covered. Reports failures (for the pool's destructor).
+    /// blocks are not covered. Reports failures, unless the process is exiting (for the pool's
+    /// destructor; see run_exit_tolerant).
     void wait_all() noexcept {
         bool uncovered = false;
         table_.for_each([&](shard& sh) {
             uncovered = uncovered || sh.dirty(record_interval_);
-            try {
-                sh.event.synchronize();
-            } catch (...) {
-                report_failure("stream_ordered_pool: waiting for a stream's event failed at destruction");
-            }
+            run_exit_tolerant<platform_type>("stream_ordered_pool: waiting for a stream's event at destruction",
+                                             [&] { sh.event.synchronize(); });
         });
         if (!uncovered) return;
-        try {
-            synchronize_devices();
-        } catch (...) {
-            report_failure("stream_ordered_pool: synchronizing the device failed at destruction");
-        }
+        run_exit_tolerant<platform_type>("stream_ordered_pool: synchronizing the device at destruction",
+                                         [&] { synchronize_devices(); });
     }
 
     // ---- finding a stream's shard ----
