@@ -15,6 +15,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -221,16 +222,17 @@ TEST_CASE("bad alignments and streams of another device are invalid_argument and
 TEST_CASE("alignments up to a page are served from the size classes and the large path", "[pool]") {
     stream_ordered_pool<host_memory> pool;
     custody::host::stream s;
-    std::vector<std::pair<void*, std::size_t>> blocks;
+    std::vector<std::tuple<void*, std::size_t, std::size_t>> blocks;
     for (std::size_t a = 256; a <= 4096; a *= 2) {
         for (std::size_t n : {std::size_t{300}, std::size_t{70000}, 2 * MiB + 1}) {
             void* p = pool.allocate(s, n, a);
             CHECK(custody::is_aligned(p, a));
             std::memset(p, 0x11, n);
-            blocks.emplace_back(p, n);
+            blocks.emplace_back(p, n, a);
         }
     }
-    for (auto [p, n] : blocks) pool.deallocate(s, p, n, 256);
+    for (auto [p, n, a] : blocks) pool.deallocate(s, p, n, a); // as allocated: a checked pool refuses another alignment
+    CHECK(pool.statistics().live_allocations == 0);
     // A page-aligned request can skip cached blocks that are not page-aligned.
     void* q = pool.allocate(s, 300, 4096);
     CHECK(custody::is_aligned(q, 4096));
