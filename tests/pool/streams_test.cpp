@@ -10,6 +10,7 @@
 #include "../support/stream_gate.hpp"
 
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -135,6 +136,7 @@ TEST_CASE("blocks given back since a stream's last record serve no other stream 
     o.reuse = reuse_policy::follow_dependencies;
     o.growth_step = chunk;
     o.maximum_size = 2 * chunk;
+    o.record_share = 0; // the record schedule of record_interval alone
     REQUIRE(o.record_interval == per_chunk); // the default: one record per 64 frees
     stream_ordered_pool<host_memory> pool(o);
     custody::host::stream a;
@@ -194,6 +196,7 @@ TEST_CASE("a stream records as soon as the bytes given back since its last recor
           "[pool][streams][record]") {
     constexpr std::size_t n = 3 * MiB;
     pool_options o;
+    o.record_share = 0; // the record schedule of record_interval and record_bytes alone
     o.growth_step = 4 * MiB;
     o.maximum_size = 12 * MiB;
     o.record_bytes = 4 * MiB;
@@ -231,6 +234,7 @@ TEST_CASE("the last resort takes blocks no record covers after synchronizing the
     for (bool stream_gone : {true, false}) {
         INFO("stream gone " << stream_gone);
         pool_options o;
+        o.record_share = 0; // the record schedule of record_interval and record_bytes alone
         o.growth_step = n;
         o.maximum_size = n;
         stream_ordered_pool<host_memory> pool(o);
@@ -342,4 +346,29 @@ TEST_CASE("the synchronous pair runs on the pool's device whatever device the ca
     CHECK(platform::current_device() == 5); // the caller's device again
     CHECK(log.lines().empty());
     check_accounting(pool);
+}
+
+TEST_CASE("a producer stream allocating and a consumer stream freeing keep the reserve near the live peak",
+          "[pool][streams][cross]") {
+    constexpr std::size_t sizes[] = {4 * KiB, 64 * KiB, 1 * MiB, 3 * MiB, 4 * KiB, 64 * KiB, 1 * MiB, 3 * MiB};
+    for (const auto policy : {reuse_policy::opportunistic, reuse_policy::follow_dependencies}) {
+        pool_options o;
+        o.reuse = policy;
+        o.checked = false;
+        stream_ordered_pool<host_memory> pool(o);
+        custody::host::stream producer;
+        custody::host::stream consumer;
+        void* blocks[std::size(sizes)];
+        std::size_t reserved_early = 0;
+        for (int round = 0; round < 100000; ++round) {
+            for (std::size_t i = 0; i < std::size(sizes); ++i) blocks[i] = pool.allocate(producer, sizes[i], 256);
+            for (std::size_t i = 0; i < std::size(sizes); ++i) pool.deallocate(consumer, blocks[i], sizes[i], 256);
+            if (round == 1000) reserved_early = pool.statistics().reserved_bytes;
+        }
+        const auto s = pool.statistics();
+        INFO("policy " << static_cast<int>(policy) << ": reserved " << s.reserved_bytes << ", peak live " << s.peak_live_bytes);
+        CHECK(s.reserved_bytes * 2 <= s.peak_live_bytes * 3); // within 1.5x
+        CHECK(s.reserved_bytes == reserved_early);           // flat over the rounds
+        check_accounting(pool);
+    }
 }

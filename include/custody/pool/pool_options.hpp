@@ -82,6 +82,11 @@ struct pool_options {
     /// many bytes: a large buffer given back on a quiet stream (a communication buffer freed once
     /// a step) then serves other streams at once, for one record per 64 MiB.
     std::size_t record_bytes = std::size_t{64} << 20;
+    /// ... or as soon as they reach the pool's reserve / record_share: a consumer stream that
+    /// gives back blocks a producer stream allocated covers them before the producer must grow the
+    /// pool (with 8, a producer/consumer pair keeps the reserve within 1.5x of the live peak; see
+    /// the benchmark cross_stream/*). 0: record_interval and record_bytes alone.
+    std::size_t record_share = 8;
 
     /// The whole-device budget: the pool grows only while the device keeps `device_headroom` bytes
     /// free for what the pool does not own (NCCL buffers, CUDA contexts, cuBLAS/cuDNN workspaces).

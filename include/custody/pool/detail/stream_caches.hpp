@@ -49,7 +49,8 @@ public:
     /// For a pool of `device` (-1: none) with validated `options`. Creates options.initial_events
     /// events (on `device`, or the current one), and throws what creating them throws.
     stream_caches(const pool_options& options, int device, shared_store<Upstream>& store, activity_counters& activity)
-        : record_interval_(options.record_interval), record_bytes_(options.record_bytes), device_(device),
+        : record_interval_(options.record_interval), record_bytes_(options.record_bytes),
+          record_share_(options.record_share), device_(device),
           events_(device >= 0 ? device : platform_type::current_device(), options.initial_events, options.event_batch),
           table_(options.max_streams), store_(store), activity_(activity) {}
     stream_caches(const stream_caches&) = delete;
@@ -135,7 +136,7 @@ public:
         {
             std::lock_guard lock(sh.mutex);
             stored = store_in(sh, stream, address, r);
-            if (stored && sh.stored(r.size, record_bytes_)) [[unlikely]] cover(sh, stream);
+            if (stored && sh.stored(r.size, record_threshold())) [[unlikely]] cover(sh, stream);
             sh.on_deallocated(r);
         }
         if (!stored) store_.lose(r.size);
@@ -355,6 +356,13 @@ private:
         }
     }
 
+    /// The bytes given back since a stream's last record that make it record again:
+    /// min(record_bytes, reserve / record_share), so that a stream that gives back another's
+    /// blocks (a consumer) covers them before that stream (the producer) must grow the pool.
+    [[nodiscard]] std::size_t record_threshold() const noexcept {
+        return record_share_ == 0 ? record_bytes_ : std::min(record_bytes_, store_.reserved() / record_share_);
+    }
+
     /// Waits for all work on the pool's device (every device, for a pool of no device). Blocks
     /// taken from a shard before this call are idle after it.
     void synchronize_devices() const {
@@ -367,6 +375,7 @@ private:
 
     std::size_t record_interval_; ///< >= 1
     std::size_t record_bytes_;
+    std::size_t record_share_; ///< 0: record_bytes alone
     int device_;
     event_pool<platform_type> events_;
     stream_table<shard> table_;
