@@ -13,7 +13,7 @@
 //                           batch sizes padded to CUDA-graph buckets; counter `fragmentation` =
 //                           peak reserved / peak live (malloc: not observable, 0)
 //   trace_unbucketed/*      the same with every batch size 1..64
-//   cross_stream/*          a producer stream allocates, a consumer stream frees, 100000 rounds of 8
+//   cross_stream/*          a producer stream allocates, a consumer stream frees, 10^6 rounds of 8
 //                           blocks (4 KiB .. 3 MiB); counters `reserved_MiB` and
 //                           `reserved_over_peak_live`, the pool (limited to 1 GiB) under each reuse
 //                           policy beside pmr
@@ -341,7 +341,7 @@ void cross_stream_pmr(benchmark::State& state) {
 
 void register_cross_stream() {
     using custody::pool::reuse_policy;
-    constexpr int rounds = 100000;
+    constexpr int rounds = 1000000;
     benchmark::RegisterBenchmark("cross_stream/pool_same_stream", cross_stream_pool<reuse_policy::same_stream>)
         ->Iterations(rounds);
     benchmark::RegisterBenchmark("cross_stream/pool_opportunistic", cross_stream_pool<reuse_policy::opportunistic>)
