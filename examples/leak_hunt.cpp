@@ -5,8 +5,9 @@
 // decode and output through a tracking resource over their own (virtual) device. Rank 1's decode
 // keeps 256 bytes of its KV cache per step: the slow leak that only shows after hours. Each rank
 // snapshots after every step; a growth watch fires after 5 consecutive growing snapshots; the diff
-// between step 2 and step 12 names the owner and the call stack; per-rank JSON reports are merged
-// into a cross-rank table that shows the imbalance.
+// between step 2 and step 12 names the owner and the call stack (file and line when custody is
+// built with libdw); per-rank JSON reports are merged into a cross-rank table that shows the
+// imbalance. The last line says what the run proved; the exit status is 1 when it did not.
 //
 //   leak_hunt [DIR]   writes DIR/rank-R.json (default: the current directory); then try
 //                     custody-merge --trace trace.json DIR/rank-*.json
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -40,8 +42,7 @@ struct block {
     std::size_t bytes;
 };
 
-/// The planted bug: a cache of KV pages that rank 1 forgets to trim. (Outside the anonymous
-/// namespace, so that with -rdynamic its name shows in the call stacks.)
+/// The planted bug: a cache of KV pages that rank 1 forgets to trim.
 [[gnu::noinline]] void remember_kv_page(tracker& t, host::stream_view s, std::vector<block>& cache) {
     cache.push_back({t.allocate(s, 256, 256), 256});
 }
@@ -53,7 +54,9 @@ namespace {
 using inference::block;
 
 struct rank_output {
+    std::string alarms; ///< the watch's alarms, printed under the rank's heading
     std::string log;
+    leak_report grown;  ///< what appeared between step 2 and the last step and stayed
     rank_report report;
 };
 
@@ -70,8 +73,9 @@ void run_rank(int rank, const std::string& dir, rank_output& out) {
     w.device = rank;
     w.growth_snapshots = 5;
     w.callback = [&](const watch_event& e) {
-        out.log += "  ALARM rank " + std::to_string(e.rank) + ": " + e.subject + " grew across " +
-                   std::to_string(e.consecutive_growths) + " snapshots, now " + std::to_string(e.live_bytes) + " B\n";
+        out.alarms += "  ALARM rank " + std::to_string(e.rank) + ": " + e.subject + " grew across " +
+                      std::to_string(e.consecutive_growths) + " snapshots, now " + std::to_string(e.live_bytes) +
+                      " B\n";
     };
     t.add_watch(w);
 
@@ -112,16 +116,17 @@ void run_rank(int rank, const std::string& dir, rank_output& out) {
         snaps.push_back(t.snapshot());
     }
 
-    const leak_report grown = diff(snaps[1], snaps.back());
-    out.log += "rank " + std::to_string(rank) + ": what appeared between step 2 and step " + std::to_string(steps) +
-               " and stayed:\n";
+    out.grown = diff(snaps[1], snaps.back());
+    const leak_report& grown = out.grown;
+    out.log += "  what appeared between step 2 and step " + std::to_string(steps) + " and stayed:";
     if (grown.empty()) {
-        out.log += "  nothing\n";
+        out.log += " nothing\n";
     } else {
+        out.log += "\n";
         for (const auto& g : grown.groups) {
-            out.log += "  " + std::to_string(g.bytes) + " B in " + std::to_string(g.count) + " blocks from '" +
+            out.log += "    " + std::to_string(g.bytes) + " B in " + std::to_string(g.count) + " blocks from '" +
                        g.owner + "'\n";
-            for (std::size_t i = 0; i < g.stack.size() && i < 5; ++i) out.log += "      at " + g.stack[i] + "\n";
+            for (std::size_t i = 0; i < g.stack.size() && i < 4; ++i) out.log += "      at " + g.stack[i] + "\n";
         }
     }
     out.report = t.make_report();
@@ -129,6 +134,38 @@ void run_rank(int rank, const std::string& dir, rank_output& out) {
     for (const block& b : kv_cache) t.deallocate(stream, b.ptr, b.bytes, 256);
     for (const block& b : weights) t.deallocate(stream, b.ptr, b.bytes, 256);
     host::platform::synchronize(stream);
+}
+
+/// The run's verdict in one line: whether the watch, the diff and the merged table each point at
+/// the planted leak (rank 1's 'decode/kv_cache', allocated in remember_kv_page) and nothing else.
+std::pair<bool, std::string> verdict(const std::vector<rank_output>& outputs, const cross_rank_view& view) {
+    std::string site;
+    bool alone = true;
+    for (int r = 0; r < world; ++r) {
+        const rank_output& o = outputs[static_cast<std::size_t>(r)];
+        if (r != leaky_rank) {
+            alone = alone && o.alarms.empty() && o.grown.empty();
+            continue;
+        }
+        if (o.alarms.empty() || o.grown.groups.size() != 1 || o.grown.groups[0].owner != "decode/kv_cache") {
+            return {false, "rank 1's leak was not found by both the watch and the diff"};
+        }
+        const auto& stack = o.grown.groups[0].stack;
+        if (stack.empty()) return {false, "the diff has no call stack"};
+        if (stack[0].starts_with("unsymbolized")) { // custody built without libdw
+            site = "a call stack left unsymbolized (custody-merge can symbolize the reports)";
+        } else if (stack[0].find("remember_kv_page") == std::string::npos) {
+            return {false, "the diff's call stack does not start at the leaking call (remember_kv_page)"};
+        } else {
+            site = stack[0].substr(0, stack[0].find(" ["));
+        }
+    }
+    if (!alone) return {false, "a rank without the leak raised an alarm or grew"};
+    if (view.imbalanced(1.5) != std::vector<std::string>{"decode/kv_cache"}) {
+        return {false, "the merged table did not single out decode/kv_cache"};
+    }
+    return {true, "the growth watch, the step diff and the cross-rank table all found rank 1's slow leak in "
+                  "'decode/kv_cache', at " + site};
 }
 
 } // namespace
@@ -140,13 +177,17 @@ int main(int argc, char** argv) {
     for (int r = 0; r < world; ++r) ranks.emplace_back(run_rank, r, dir, std::ref(outputs[static_cast<std::size_t>(r)]));
     for (auto& t : ranks) t.join();
     std::vector<rank_report> reports;
-    for (auto& o : outputs) {
-        std::fputs(o.log.c_str(), stdout);
+    std::puts("leak_hunt: 4 ranks on the host platform (threads over virtual devices), 12 steps each");
+    for (int r = 0; r < world; ++r) {
+        const rank_output& o = outputs[static_cast<std::size_t>(r)];
+        std::printf("rank %d:\n%s%s", r, o.alarms.c_str(), o.log.c_str());
         reports.push_back(o.report);
     }
     const cross_rank_view view = merge_reports(reports);
     std::printf("\nlive bytes per owner and rank at the end:\n%s", format_table(view, 1.5).c_str());
     for (const auto& o : view.imbalanced(1.5)) std::printf("imbalanced across ranks: %s\n", o.c_str());
     std::printf("reports: %s/rank-*.json\n", dir.c_str());
-    return 0;
+    const auto [proved, what] = verdict(outputs, view);
+    std::printf("%s %s\n", proved ? "leak_hunt proved:" : "leak_hunt did NOT prove its point:", what.c_str());
+    return proved ? 0 : 1;
 }

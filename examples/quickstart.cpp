@@ -1,7 +1,8 @@
 // custody in one minute: a stream, a device buffer, a copy there and back, nothing leaked.
 //
 // Runs on the first CUDA device when there is one, otherwise on the host platform (worker-thread
-// streams, a virtual device), and says which.
+// streams, a virtual device), and says which. The last line says what the run proved; the exit
+// status is 1 when it did not.
 #include <custody/buffer/buffer.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/resource/host_memory.hpp>
@@ -39,7 +40,11 @@ int run(DeviceMemory& device_memory, HostMemory& host_memory) {
     std::printf("device memory: %zu bytes live now, peak %zu bytes, %llu allocations, %llu frees\n",
                 stats.live_bytes, stats.peak_live_bytes, static_cast<unsigned long long>(stats.allocations),
                 static_cast<unsigned long long>(stats.deallocations));
-    return wrong == 0 && stats.live_bytes == 0 ? 0 : 1;
+    const bool proved = wrong == 0 && stats.live_bytes == 0 && stats.allocations == stats.deallocations;
+    std::printf("%s a device buffer given back at the end of its scope, ordered after the copies on its stream "
+                "with no synchronization: every float came back intact and no byte is left live\n",
+                proved ? "quickstart proved:" : "quickstart did NOT prove:");
+    return proved ? 0 : 1;
 }
 
 int main() {

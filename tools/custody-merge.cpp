@@ -1,18 +1,25 @@
 // custody-merge: merges the per-rank JSON reports of custody::debug::tracking_resource into one
-// cross-rank table (owners x ranks, max, mean, max/mean) and a Chrome/Perfetto trace.
+// cross-rank table (owners x ranks, max, mean, max/mean), the largest live groups of each rank
+// with their call stacks, and a Chrome/Perfetto trace. Frames a rank could not symbolize
+// ("unsymbolized [MODULE+0xOFFSET]") are symbolized here from their modules, found at the
+// recorded path or by file name under a --symbols directory.
 //
-//   custody-merge [--table FILE] [--trace FILE] [--threshold X] [--fail-on-imbalance] REPORT...
+//   custody-merge [--table FILE] [--trace FILE] [--threshold X] [--fail-on-imbalance]
+//                 [--stacks N] [--symbols DIR]... REPORT...
 //
 // Exit status: 0 merged; 1 usage error; 2 a report is missing, truncated, malformed or does not
 // fit with the others (the message names the file and the reason); 3 --fail-on-imbalance and an
 // owner's max/mean is above the threshold.
 #include <custody/debug/json_report.hpp>
 #include <custody/debug/merge.hpp>
+#include <custody/debug/detail/symbolizer.hpp>
 
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,10 +27,65 @@
 namespace {
 
 constexpr const char* usage =
-    "usage: custody-merge [--table FILE] [--trace FILE] [--threshold X] [--fail-on-imbalance] REPORT...\n"
-    "  Merges per-rank custody debug reports. Prints the owners x ranks table (or writes it to\n"
-    "  --table), writes a Chrome/Perfetto trace to --trace (open it in ui.perfetto.dev).\n"
-    "  --threshold X: owners whose max/mean over ranks exceeds X are marked (default 1.5).\n";
+    "usage: custody-merge [--table FILE] [--trace FILE] [--threshold X] [--fail-on-imbalance]\n"
+    "                     [--stacks N] [--symbols DIR]... REPORT...\n"
+    "  Merges per-rank custody debug reports. Prints the owners x ranks table and the largest\n"
+    "  live groups of each rank with their call stacks (or writes them to --table), writes a\n"
+    "  Chrome/Perfetto trace to --trace (open it in ui.perfetto.dev).\n"
+    "  --threshold X: owners whose max/mean over ranks exceeds X are marked (default 1.5).\n"
+    "  --stacks N: call stacks of the N largest live groups of each rank (default 3; 0: none).\n"
+    "  --symbols DIR: where to find the programs and libraries named by unsymbolized frames\n"
+    "  (by file name) when reports come from another machine; may be given more than once.\n";
+
+/// The `n` largest live groups of each rank that have a call stack, each with its frames.
+std::string format_stacks(const std::vector<custody::debug::rank_report>& reports, std::size_t n) {
+    std::string out;
+    for (const auto& r : reports) {
+        std::size_t shown = 0;
+        for (const auto& g : r.live.groups) { // largest first
+            if (shown == n) break;
+            if (g.stack.empty()) continue;
+            ++shown;
+            out += "rank " + std::to_string(r.rank.rank) + ": " + std::to_string(g.bytes) + " B in " +
+                   std::to_string(g.count) + " allocations from '" + g.owner + "'\n";
+            for (const auto& f : g.stack) out += "      at " + f + "\n";
+        }
+    }
+    return out.empty() ? out : "\nlargest live groups by call stack:\n" + out;
+}
+
+/// Symbolizes the reports' unsymbolized frames in place. Returns a note on the frames that stay
+/// unsymbolized and why ("" when none do).
+std::string symbolize_reports(std::vector<custody::debug::rank_report>& reports,
+                              const std::vector<std::string>& symbol_dirs) {
+    namespace detail = custody::debug::detail;
+    detail::symbolizer symbols(symbol_dirs);
+    std::size_t left = 0;
+    std::set<std::string> not_found;
+    std::set<std::string> no_symbols;
+    for (auto& r : reports) {
+        for (auto& g : r.live.groups) {
+            left += detail::symbolize_lines(symbols, g.stack);
+            for (const auto& line : g.stack) {
+                const auto at = detail::is_unsymbolized(line) ? detail::frame_location(line) : std::nullopt;
+                if (!at) continue;
+                (symbols.find_file(at->module).empty() ? not_found : no_symbols).insert(at->module.empty() ? "?" : at->module);
+            }
+        }
+    }
+    if (left == 0) return {};
+    const auto list = [](const std::set<std::string>& modules) {
+        std::string s;
+        for (const auto& m : modules) s += (s.empty() ? "" : ", ") + m;
+        return s;
+    };
+    std::string note = std::to_string(left) + " frames stay unsymbolized:";
+    if (!detail::symbolizer::available) return note + " custody-merge was built without libdw";
+    if (!no_symbols.empty()) note += " no symbol there in " + list(no_symbols) + ";";
+    if (!not_found.empty()) note += " not found here (see --symbols): " + list(not_found) + ";";
+    note.pop_back();
+    return note;
+}
 
 void write_file(const std::string& path, const std::string& text) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -39,6 +101,8 @@ int main(int argc, char** argv) {
     std::string trace_path;
     double threshold = 1.5;
     bool fail_on_imbalance = false;
+    std::size_t stacks = 3;
+    std::vector<std::string> symbol_dirs;
     std::vector<std::string> files;
     for (int i = 1; i < argc; ++i) {
         const std::string_view arg = argv[i];
@@ -61,6 +125,17 @@ int main(int argc, char** argv) {
                 std::fprintf(stderr, "custody-merge: --threshold takes a number >= 1, not '%s'\n", v.c_str());
                 return 1;
             }
+        } else if (arg == "--stacks") {
+            const std::string v = value();
+            char* end = nullptr;
+            const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+            if (v.empty() || v[0] == '-' || *end != '\0' || n > 1000000) {
+                std::fprintf(stderr, "custody-merge: --stacks takes a count, not '%s'\n", v.c_str());
+                return 1;
+            }
+            stacks = static_cast<std::size_t>(n);
+        } else if (arg == "--symbols") {
+            symbol_dirs.push_back(value());
         } else if (arg == "--fail-on-imbalance") {
             fail_on_imbalance = true;
         } else if (arg == "-h" || arg == "--help") {
@@ -82,7 +157,12 @@ int main(int argc, char** argv) {
         reports.reserve(files.size());
         for (const auto& f : files) reports.push_back(custody::debug::read_rank_report(f));
         const custody::debug::cross_rank_view view = custody::debug::merge_reports(reports, files);
-        const std::string table = custody::debug::format_table(view, threshold);
+        std::string table = custody::debug::format_table(view, threshold);
+        if (stacks > 0) {
+            const std::string note = symbolize_reports(reports, symbol_dirs);
+            if (!note.empty()) std::fprintf(stderr, "custody-merge: %s\n", note.c_str());
+            table += format_stacks(reports, stacks);
+        }
         if (table_path.empty()) {
             std::fputs(table.c_str(), stdout);
         } else {

@@ -1,12 +1,19 @@
 // What tracking costs: an allocate+deallocate pair through tracking_resource (ledger only; with
 // canaries and poison; with call stacks) side by side with the untracked upstream, in one run.
 // Names: tracking_overhead/<resource>/<bytes>. The overhead is the difference of the pairs' times.
+// And what a call stack costs apart (call_stack/...): capturing one (addresses only, on every
+// allocation with capture_stacks), and symbolizing one when a report is made: the first time
+// (modules opened, symbol and line tables read), a lookup with the modules open, and a repeat.
+#include <custody/debug/detail/call_stack.hpp>
 #include <custody/debug/tracking_resource.hpp>
 #include <custody/resource/host_memory.hpp>
 
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
+#include <cstdlib>
+
+#include <execinfo.h>
 
 namespace {
 
@@ -74,6 +81,68 @@ void untracked_busy(benchmark::State& state) {
     for (void* p : held) r.deallocate({}, p, 64, 256);
 }
 
+/// A stack as deep as an allocation's in an application: a few frames below the benchmark loop.
+[[gnu::noinline]] custody::debug::detail::call_stack stack_at(int depth) {
+    if (depth > 0) {
+        auto s = stack_at(depth - 1);
+        benchmark::DoNotOptimize(s);
+        return s;
+    }
+    return custody::debug::detail::call_stack::capture(1);
+}
+constexpr int extra_frames = 4;
+
+void capture(benchmark::State& state) {
+    for (auto _ : state) {
+        auto s = stack_at(extra_frames);
+        benchmark::DoNotOptimize(s);
+    }
+    state.counters["frames"] = static_cast<double>(stack_at(extra_frames).depth);
+}
+
+/// A fresh symbolizer each time: opens every module on the stack and reads its tables.
+void symbolize_first(benchmark::State& state) {
+    const auto where = stack_at(extra_frames).locations();
+    for (auto _ : state) {
+        custody::debug::detail::symbolizer s;
+        auto lines = custody::debug::detail::symbolize_stack(s, where);
+        benchmark::DoNotOptimize(lines);
+    }
+}
+
+/// Modules open, nothing remembered: each frame located and looked up with libdw.
+void symbolize_lookup(benchmark::State& state) {
+    const auto stack = stack_at(extra_frames);
+    custody::debug::detail::symbolizer s;
+    benchmark::DoNotOptimize(custody::debug::detail::symbolize_stack(s, stack.locations()));
+    for (auto _ : state) {
+        s.forget_answers();
+        auto lines = custody::debug::detail::symbolize_stack(s, stack.locations());
+        benchmark::DoNotOptimize(lines);
+    }
+}
+
+/// The peer: glibc's backtrace_symbols, names of exported functions only, no file or line.
+void backtrace_symbols_peer(benchmark::State& state) {
+    const auto stack = stack_at(extra_frames);
+    for (auto _ : state) {
+        char** lines = ::backtrace_symbols(stack.frames.data(), stack.depth);
+        benchmark::DoNotOptimize(lines);
+        std::free(static_cast<void*>(lines)); // NOLINT: one malloc'ed block
+    }
+}
+
+/// What a report pays for a stack seen before: the modules located and remembered answers.
+void symbolize_again(benchmark::State& state) {
+    const auto stack = stack_at(extra_frames);
+    custody::debug::detail::symbolizer s;
+    benchmark::DoNotOptimize(custody::debug::detail::symbolize_stack(s, stack.locations()));
+    for (auto _ : state) {
+        auto lines = custody::debug::detail::symbolize_stack(s, stack.locations());
+        benchmark::DoNotOptimize(lines);
+    }
+}
+
 } // namespace
 
 BENCHMARK(untracked)->Name("tracking_overhead/host_memory")->Arg(256)->Arg(4096);
@@ -82,5 +151,11 @@ BENCHMARK(untracked_busy)->Name("tracking_overhead/host_memory+1024_live")->Arg(
 BENCHMARK(tracked_ledger_busy)->Name("tracking_overhead/tracking<host_memory>+1024_live")->Arg(256);
 BENCHMARK(tracked_canaries_poison)->Name("tracking_overhead/tracking<host_memory>+canaries+poison")->Arg(256)->Arg(4096);
 BENCHMARK(tracked_call_stacks)->Name("tracking_overhead/tracking<host_memory>+call_stacks")->Arg(256);
+
+BENCHMARK(capture)->Name("call_stack/capture");
+BENCHMARK(symbolize_first)->Name("call_stack/symbolize_first")->Unit(benchmark::kMillisecond);
+BENCHMARK(symbolize_lookup)->Name("call_stack/symbolize_lookup")->Unit(benchmark::kMicrosecond);
+BENCHMARK(symbolize_again)->Name("call_stack/symbolize_again")->Unit(benchmark::kMicrosecond);
+BENCHMARK(backtrace_symbols_peer)->Name("call_stack/glibc_backtrace_symbols")->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -11,13 +11,13 @@
 ///   staging/     staging_ring
 ///   debug/       tracking_resource, owner_scope, reports, the cross-rank merge
 ///   buffer/      buffer, scalar
-///   interop/     pmr_adaptor, bind_device, pluggable_allocator
+///   interop/     pmr_adaptor, bind_device, device_lock, pluggable_allocator
 /// With the CUDA runtime's headers on the include path (detected with __has_include):
 ///   platform/cuda.hpp, resource/{cuda_malloc,cuda_async,pinned_host,managed}.hpp,
 ///   buffer/device_buffer.hpp (device_buffer, pinned_buffer, device_scalar), pool/cuda_memory_info.hpp
 /// Not included, because they need more than the runtime: interop/cccl.hpp (CCCL's experimental
-/// memory resources), interop/thrust.hpp (Thrust), and the NCCL headers (interop/nccl_*.hpp,
-/// debug/nccl_*.hpp).
+/// memory resources), interop/thrust.hpp (Thrust), and the NCCL headers (interop/nccl/*.hpp,
+/// resource/nccl_memory.hpp).
 #pragma once
 
 #include <custody/core/align.hpp>
@@ -46,6 +46,7 @@
 #include <custody/buffer/buffer.hpp>
 
 #include <custody/interop/bind_device.hpp>
+#include <custody/interop/device_lock.hpp>
 #include <custody/interop/pmr.hpp>
 #include <custody/interop/torch_allocator.hpp>
 

@@ -1,31 +1,217 @@
-# Shared by scripts/demo and scripts/test: installs what is missing and configures a build.
-# Sourced, not run.
+# Shared by scripts/demo and scripts/test: finds what custody needs, installs only what is really
+# missing, and configures a build. Sourced, not run.
+#
+# A part counts as present however it got there (a distribution package, pip, a container image,
+# a hand-built prefix): a tool on PATH (Meson also as an importable Python module), a header where
+# the compiler finds it, a library through pkg-config or the compiler. Nothing is installed and no
+# package manager is called when nothing is missing. What is missing is installed from the
+# distribution with apt-get (Debian, Ubuntu). CUSTODY_NO_INSTALL=1 never installs: it names what
+# is missing, goes on without the optional parts and fails when a required one is missing.
+#
+# The CUDA Toolkit and NCCL are never installed: when present (CUDA_PATH or /usr/local/cuda), the
+# CUDA parts build too.
 
-# Debian packages custody needs to build and test. The CUDA Toolkit and NCCL are optional: when
-# they are present (CUDA_PATH or /usr/local/cuda), the CUDA parts build too.
-custody_packages=(meson ninja-build g++ pkg-config python3 catch2 libmsgsl-dev libbenchmark-dev cmake)
+custody_cxx=${CXX:-c++}
 
-custody_install_missing() {
-  local missing=()
-  for p in "${custody_packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+custody_has_tool() { command -v "$1" >/dev/null 2>&1; }
+
+# custody_has_header HEADER: the C++ compiler finds it.
+custody_has_header() {
+  printf '#include <%s>\n' "$1" | "$custody_cxx" -std=c++20 -x c++ -E -o /dev/null - >/dev/null 2>&1
+}
+
+# custody_has_library NAME: the compiler's linker finds libNAME.so or libNAME.a.
+custody_has_library() {
+  local found
+  for found in "$("$custody_cxx" -print-file-name="lib$1.so" 2>/dev/null)" \
+               "$("$custody_cxx" -print-file-name="lib$1.a" 2>/dev/null)"; do
+    [ "${found#/}" != "$found" ] && [ -f "$found" ] && return 0
   done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "custody: installing ${missing[*]}"
+  return 1
+}
+
+custody_has_pkg() { custody_has_tool pkg-config && pkg-config --exists "$1" 2>/dev/null; }
+
+# Meson 1.0 or newer, on PATH or as a Python module. A module only is made callable as `meson`
+# through a wrapper in CUSTODY_SHIM_DIR (default .cache/bin), put first on PATH: the test suites
+# run `meson` themselves.
+custody_meson_ok() { local v; v=$("$@" --version 2>/dev/null) && [ "${v%%.*}" -ge 1 ] 2>/dev/null; }
+custody_has_meson() {
+  custody_has_tool meson && custody_meson_ok meson && return 0
+  local python
+  custody_has_tool python3 && python=$(python3 -c 'import mesonbuild.mesonmain, sys; print(sys.executable)' 2>/dev/null) &&
+    custody_meson_ok "$python" -m mesonbuild.mesonmain || return 1
+  local shims=${CUSTODY_SHIM_DIR:-$PWD/.cache/bin}
+  mkdir -p "$shims" &&
+    printf '#!/bin/sh\nexec "%s" -m mesonbuild.mesonmain "$@"\n' "$python" >"$shims/meson" && chmod +x "$shims/meson" || return 1
+  PATH="$shims:$PATH"
+  export PATH
+}
+
+custody_has_compiler() { custody_has_tool "$custody_cxx" && "$custody_cxx" --version >/dev/null 2>&1; }
+custody_has_ninja() { custody_has_tool ninja || custody_has_tool samu; }
+custody_has_gsl() { custody_has_header gsl/gsl; }
+custody_has_catch2() {
+  custody_has_pkg catch2 || custody_has_pkg catch2-with-main || custody_has_header catch2/catch.hpp ||
+    { custody_has_header catch2/catch_all.hpp && custody_has_library Catch2; }
+}
+custody_has_benchmark() { custody_has_pkg benchmark; }
+# clang++ with libFuzzer and std::source_location (clang 15 or later) builds the report fuzz target.
+custody_has_fuzzer() {
+  local cxx
+  for cxx in clang++-16 clang++; do
+    custody_has_tool "$cxx" &&
+      printf '#include <source_location>\n#include <cstddef>\n#include <cstdint>\nextern "C" int LLVMFuzzerTestOneInput(const std::uint8_t*, std::size_t) { return 0; }\n' |
+        "$cxx" -std=c++20 -fsanitize=fuzzer -x c++ - -o /dev/null >/dev/null 2>&1 && return 0
+  done
+  return 1
+}
+custody_has_libdw() {
+  custody_has_pkg libdw ||
+    { custody_has_header elfutils/libdwfl.h && custody_has_library dw && custody_has_library elf; }
+}
+
+# The parts: name, check, Debian package, what it is for. `required` parts stop the scripts when
+# missing; `wanted` ones are installed when missing but are not needed to go on.
+custody_parts_demo_required=(compiler meson ninja gsl)
+custody_parts_demo_wanted=(libdw)
+custody_parts_test_required=(compiler meson ninja gsl catch2 python3 pkg-config)
+custody_parts_test_wanted=(libdw benchmark cmake fuzzer)
+
+custody_part_check() { # PART: 0 when present
+  case $1 in
+    compiler) custody_has_compiler ;;
+    meson) custody_has_meson ;;
+    ninja) custody_has_ninja ;;
+    gsl) custody_has_gsl ;;
+    catch2) custody_has_catch2 ;;
+    benchmark) custody_has_benchmark ;;
+    libdw) custody_has_libdw ;;
+    fuzzer) custody_has_fuzzer ;;
+    python3 | pkg-config | cmake) custody_has_tool "$1" ;;
+    *) return 1 ;;
+  esac
+}
+
+custody_part_package() {
+  case $1 in
+    compiler) echo g++ ;;
+    meson) echo meson ;;
+    ninja) echo ninja-build ;;
+    gsl) echo libmsgsl-dev ;;
+    catch2) echo catch2 ;;
+    benchmark) echo libbenchmark-dev ;;
+    libdw) echo libdw-dev ;;
+    fuzzer) echo clang-16 libclang-rt-16-dev ;;
+    *) echo "$1" ;;
+  esac
+}
+
+custody_part_purpose() {
+  case $1 in
+    compiler) echo "a C++20 compiler ($custody_cxx)" ;;
+    meson) echo "Meson >= 1.0" ;;
+    ninja) echo "Ninja" ;;
+    gsl) echo "Microsoft GSL headers (gsl/gsl)" ;;
+    catch2) echo "Catch2 v2 or v3 (the test suites)" ;;
+    benchmark) echo "Google Benchmark (the benchmarks; skipped without it)" ;;
+    libdw) echo "elfutils libdw (call stacks with function, file and line; without it frames are unsymbolized)" ;;
+    python3) echo "Python 3 (the test summary)" ;;
+    pkg-config) echo "pkg-config (the packaging test)" ;;
+    cmake) echo "CMake (the CMake consumer of the packaging test; skipped without it)" ;;
+    fuzzer) echo "clang++ 15+ with libFuzzer (the report reader's fuzz target; skipped without it)" ;;
+  esac
+}
+
+# custody_install_missing demo|test: checks the parts that script needs and installs the missing
+# ones (see above). Returns non-zero when a required part is still missing.
+custody_install_missing() {
+  local what=${1:-test} part part_packages
+  local -n required="custody_parts_${what}_required" wanted="custody_parts_${what}_wanted"
+  local missing_required=() missing_wanted=()
+  for part in "${required[@]}"; do custody_part_check "$part" || missing_required+=("$part"); done
+  for part in "${wanted[@]}"; do custody_part_check "$part" || missing_wanted+=("$part"); done
+  local missing=("${missing_required[@]}" "${missing_wanted[@]}")
+  [ ${#missing[@]} -eq 0 ] && return 0
+
+  local packages=()
+  for part in "${missing[@]}"; do
+    read -ra part_packages <<<"$(custody_part_package "$part")"
+    packages+=("${part_packages[@]}")
+    echo "custody: missing: $(custody_part_purpose "$part") [Debian/Ubuntu package $(custody_part_package "$part")]"
+  done
+  local why=""
+  if [ "${CUSTODY_NO_INSTALL:-0}" = 1 ]; then
+    why="CUSTODY_NO_INSTALL=1"
+  elif ! custody_has_tool apt-get; then
+    why="no apt-get on this machine"
+  elif [ "$(id -u)" -ne 0 ] && ! custody_has_tool sudo; then
+    why="not root and no sudo"
+  fi
+  if [ -z "$why" ]; then
     local sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    echo "custody: installing ${packages[*]} (apt-get; the first run only)"
+    if $sudo apt-get update -qq &&
+       DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null; then
+      missing_required=()
+      for part in "${required[@]}"; do custody_part_check "$part" || missing_required+=("$part"); done
+    else
+      why="apt-get failed"
+    fi
   fi
+  if [ -n "$why" ]; then
+    echo "custody: not installing (${why}): install the packages above, or the same parts another way"
+  fi
+  if [ ${#missing_required[@]} -gt 0 ]; then
+    echo "custody: cannot go on without: ${missing_required[*]}"
+    return 1
+  fi
+  return 0
 }
 
 # custody_setup DIR [meson options...]: configures DIR (again, if it exists) with the options.
 custody_setup() {
   local dir=$1; shift
   if [ -f "$dir/build.ninja" ]; then
-    # `meson configure` applies changed options (setup --reconfigure ignores some, like cpp_args).
-    meson configure "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
+    # `meson configure` applies changed options (setup --reconfigure ignores some, like cpp_args),
+    # but knows only the options the directory was set up with: after a pull that adds one, the
+    # directory is set up again first.
+    meson configure "$dir" "$@" >"$dir.setup.log" 2>&1 ||
+      { meson setup --reconfigure "$dir" >>"$dir.setup.log" 2>&1 && meson configure "$dir" "$@" >>"$dir.setup.log" 2>&1; } ||
+      { cat "$dir.setup.log"; return 1; }
   else
     meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
   fi
+}
+
+# custody_fetch_cccl DIR: the headers of the CCCL releases interop/cccl.hpp is checked against
+# besides the toolkit's own (3.1: the renamed cuda::mr API; 3.2: the basic_any references), from
+# NVIDIA's nvidia-cuda-cccl wheels on PyPI, unpacked into DIR/cccl-<version>. Prints the include
+# directories it has, as a meson array; prints [] when pip cannot fetch them. Fetches nothing with
+# CUSTODY_NO_INSTALL=1 (the trees already in DIR are used).
+custody_cccl_wheels=(13.1.115:3.1 13.2.86:3.2)
+custody_fetch_cccl() {
+  local dir=$1 trees=()
+  mkdir -p "$dir"
+  for entry in "${custody_cccl_wheels[@]}"; do
+    local wheel=${entry%%:*} cccl=${entry##*:} tree="$dir/cccl-${entry##*:}"
+    if [ ! -f "$tree/include/cccl/cuda/std/__cccl/version.h" ] && [ "${CUSTODY_NO_INSTALL:-0}" = 1 ]; then
+      echo "custody: CCCL $cccl headers not in $dir and CUSTODY_NO_INSTALL=1: not fetched, not checked against" >&2
+    elif [ ! -f "$tree/include/cccl/cuda/std/__cccl/version.h" ]; then
+      local tmp
+      tmp=$(mktemp -d)
+      if python3 -m pip download -q --no-deps -d "$tmp" "nvidia-cuda-cccl==$wheel" >/dev/null 2>&1; then
+        rm -rf "$tree" && mkdir -p "$tree" &&
+          python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$tmp"/*.whl "$tmp/x" &&
+          mv "$tmp/x/nvidia/cu13/include" "$tree/include"
+      else
+        echo "custody: could not fetch CCCL $cccl headers (nvidia-cuda-cccl==$wheel); not checked against it" >&2
+      fi
+      rm -rf "$tmp"
+    fi
+    [ -f "$tree/include/cccl/cuda/std/__cccl/version.h" ] && trees+=("'$tree/include/cccl'")
+  done
+  local IFS=,
+  echo "[${trees[*]}]"
 }

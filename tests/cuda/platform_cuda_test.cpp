@@ -9,7 +9,11 @@
 
 #include "../support/catch.hpp"
 
+#include <algorithm>
+#include <cstddef>
 #include <numeric>
+#include <stdexcept>
+#include <utility>
 #include <vector>
 
 using custody::cuda::platform;
@@ -65,4 +69,25 @@ TEST_CASE("device_scalar reads back what was set", "[cuda][buffer]") {
     custody::device_scalar<long> x(s, r);
     x.set_value(-77);
     CHECK(x.value() == -77);
+}
+
+TEST_CASE("pinned_host keeps its alignment promise up to a page, whatever cudaHostAlloc returns", "[cuda][resource]") {
+    custody::resource::pinned_host memory(0);
+    custody::cuda::stream s(0);
+    std::vector<std::pair<void*, std::pair<std::size_t, std::size_t>>> blocks;
+    for (const std::size_t alignment : {std::size_t{256}, std::size_t{512}, std::size_t{2048}, std::size_t{4096}}) {
+        for (const std::size_t bytes : {std::size_t{1}, std::size_t{300}, std::size_t{4096}, std::size_t{1} << 20}) {
+            auto* p = static_cast<unsigned char*>(memory.allocate(s, bytes, alignment));
+            REQUIRE(p != nullptr);
+            CHECK(custody::is_aligned(p, alignment));
+            std::fill(p, p + bytes, static_cast<unsigned char>(0x5A)); // host-writable, all of it
+            blocks.push_back({p, {bytes, alignment}});
+        }
+    }
+    std::size_t live = 0;
+    for (const auto& b : blocks) live += b.second.first;
+    CHECK(memory.statistics().live_bytes == live); // the caller's bytes, not the over-allocation
+    for (const auto& [p, size] : blocks) memory.deallocate(s, p, size.first, size.second);
+    CHECK(memory.statistics().live_bytes == 0);
+    CHECK_THROWS_AS(memory.allocate_sync(64, 8192), std::invalid_argument);
 }

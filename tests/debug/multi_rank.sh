@@ -39,6 +39,7 @@ expect_error() { # expect_error WORD ARGS...
 }
 expect_error missing "$dir/rank-0.json" "$dir/nonexistent.json"
 expect_error missing "$dir/rank-0.json"                      # the other ranks have no report
+expect_error "Is a directory" "$dir/rank-0.json" "$dir"      # a directory is not a report
 head -c 300 "$dir/rank-1.json" > "$dir/cut.json"
 expect_error truncated "$dir/rank-0.json" "$dir/cut.json"
 expect_error mismatched $reports "$dir/rank-1.json"           # rank 1 twice

@@ -23,6 +23,7 @@ namespace {
 
 using namespace custody;
 using namespace custody::debug;
+namespace json = custody::debug::detail::json;
 
 int fail(const std::string& what) {
     std::fprintf(stderr, "rank_worker: %s\n", what.c_str());

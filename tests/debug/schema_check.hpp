@@ -1,10 +1,12 @@
 // A small JSON Schema checker for the tests: the keywords docs/debug-report-schema.json uses
 // (type, const, enum, minimum, required, properties, additionalProperties, items, $ref to
-// #/$defs/...). Returns the list of violations, each with its JSON path.
+// #/$defs/...). Returns the list of violations, each with its JSON path. "integer" means what the
+// reader holds as one: written without fraction or exponent, within int64 or uint64.
 #pragma once
 
 #include <custody/debug/detail/json.hpp>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,16 +14,16 @@ namespace custody::test {
 
 class schema_checker {
 public:
-    explicit schema_checker(const custody::debug::json::value& root) : root_(root) {}
+    explicit schema_checker(const custody::debug::detail::json::value& root) : root_(root) {}
 
-    std::vector<std::string> check(const custody::debug::json::value& doc) {
+    std::vector<std::string> check(const custody::debug::detail::json::value& doc) {
         errors_.clear();
         visit(root_, doc, "$");
         return errors_;
     }
 
 private:
-    using value = custody::debug::json::value;
+    using value = custody::debug::detail::json::value;
 
     static bool has_type(const value& v, const std::string& type) {
         if (type == "integer") return v.is_integer();
@@ -36,9 +38,24 @@ private:
 
     static bool equal(const value& a, const value& b) {
         if (a.is_string() && b.is_string()) return a.as_string() == b.as_string();
+        if (a.is_integer() && b.is_integer()) {
+            return a.as_integer<std::int64_t>() == b.as_integer<std::int64_t>() &&
+                   a.as_integer<std::uint64_t>() == b.as_integer<std::uint64_t>();
+        }
         if (a.is_number() && b.is_number()) return a.as_number() == b.as_number();
         if (a.is_bool() && b.is_bool()) return a.as_bool() == b.as_bool();
         return a.is_null() && b.is_null();
+    }
+
+    /// v < m, exactly for integers.
+    static bool below(const value& v, const value& m) {
+        if (v.is_integer() && m.is_integer()) {
+            const auto vi = v.as_integer<std::int64_t>();
+            const auto mi = m.as_integer<std::int64_t>();
+            if (vi && mi) return *vi < *mi;
+            return mi.has_value(); // one is above INT64_MAX: v is below only when m is
+        }
+        return v.as_number() < m.as_number();
     }
 
     void visit(const value& schema, const value& v, const std::string& path) {
@@ -71,7 +88,7 @@ private:
             for (const auto& x : e->as_array()) ok = ok || equal(x, v);
             if (!ok) errors_.push_back(path + ": not one of the schema's enum");
         }
-        if (const value* m = schema.find("minimum"); m != nullptr && v.is_number() && v.as_number() < m->as_number()) {
+        if (const value* m = schema.find("minimum"); m != nullptr && v.is_number() && below(v, *m)) {
             errors_.push_back(path + ": below the minimum");
         }
         if (v.is_object()) {

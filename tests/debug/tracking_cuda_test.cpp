@@ -6,12 +6,9 @@
 #include <custody/platform/cuda.hpp>
 
 #include "../support/catch.hpp"
+#include "../support/cuda_presence.hpp"
 
 #include <cuda_runtime_api.h>
-
-#ifdef CUSTODY_TEST_NCCL
-#include <custody/debug/nccl_summary.hpp>
-#endif
 
 #include <cstdio>
 #include <vector>
@@ -89,29 +86,7 @@ TEST_CASE("cuda: a free on an unordered other stream is a hazard; ordering clear
     CHECK(t.statistics().live_allocations == 0);
 }
 
-#ifdef CUSTODY_TEST_NCCL
-TEST_CASE("cuda: the live summary travels over a one-rank NCCL communicator", "[debug][cuda][nccl]") {
-    tracker t(quiet());
-    custody::cuda::stream s(0);
-    void* p = t.allocate(s, 4096, 256, "kv_cache");
-    ncclComm_t comm = nullptr;
-    int devices[] = {0};
-    REQUIRE(ncclCommInitAll(&comm, 1, devices) == ncclSuccess);
-    const custody::debug::cross_rank_view v = custody::debug::gather_live_summary(t, comm, s.view().get());
-    CHECK(v.world_size == 1);
-    REQUIRE(v.owners == std::vector<std::string>{"kv_cache"});
-    CHECK(v.bytes[0][0] == 4096);
-    ncclCommDestroy(comm);
-    t.deallocate(s, p, 4096, 256);
-    P::synchronize(s);
-}
-#endif
-
 int main(int argc, char** argv) {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-        std::puts("no CUDA device: skipped");
-        return 77;
-    }
+    if (const int status = custody_test::cuda_gate("test_debug_cuda"); status >= 0) return status;
     return Catch::Session().run(argc, argv);
 }

@@ -111,6 +111,42 @@ TEST_CASE("the rank is read from torchrun, Open MPI and Slurm variables", "[inte
     CHECK(both.rank == 1);
 }
 
+TEST_CASE("torchrun inside an Open MPI job: torchrun's complete set wins", "[interop][rank]") {
+    // mpirun starts one torchrun agent per node; each agent starts its workers with RANK & co.
+    // The worker inherits the agent's OMPI_COMM_WORLD_* too, which describe the agents' job.
+    const auto vars = std::map<std::string, std::string>{
+        {"RANK", "5"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "4"},
+        {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}};
+    CHECK(rank_from_environment(env(vars)) == rank_info{5, 1, 8, 4, "torchrun"});
+    CHECK(custody::detect_rank(env(vars)) == rank_info{5, 1, 8, 4, "torchrun"});
+}
+
+TEST_CASE("a launcher set that contradicts itself is an error, never skipped for the next", "[interop][rank]") {
+    const std::map<std::string, std::string> mpi{
+        {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}};
+    auto contradictory = mpi;
+    contradictory.insert({{"RANK", "0"}, {"LOCAL_RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}});
+    auto incomplete = mpi;
+    incomplete.insert({{"RANK", "0"}});
+    for (const auto& vars : {contradictory, incomplete}) {
+        // Both entry points agree: the torchrun set is wrong, and the message says which complete
+        // set was passed over and how to use it.
+        const custody::environment_lookup read = env(vars);
+        CHECK_THROWS_WITH(rank_from_environment(read),
+                          custody_test::contains("torchrun") &&
+                              custody_test::contains("Open MPI's variables are complete (rank 1 of 2)") &&
+                              custody_test::contains("unset RANK"));
+        CHECK_THROWS_AS(custody::detect_rank(read), rank_error);
+    }
+    // Alone, the same incomplete set names no other launcher.
+    try {
+        static_cast<void>(rank_from_environment(env({{"RANK", "0"}})));
+        FAIL("no rank_error");
+    } catch (const rank_error& e) {
+        CHECK_THAT(std::string(e.what()), !custody_test::contains("variables are complete"));
+    }
+}
+
 TEST_CASE("a missing or invalid environment is a clear rank_error", "[interop][rank]") {
     CHECK_THROWS_WITH(rank_from_environment(env({})),
                       custody_test::contains("no rank in the environment") && custody_test::contains("LOCAL_RANK") &&
@@ -157,11 +193,41 @@ TEST_CASE("distinct devices, or one device index on different hosts, bind", "[in
     }
 }
 
-TEST_CASE("a local rank beyond the visible devices is a rank_error", "[interop][rank]") {
+TEST_CASE("more local ranks than visible devices: each process uses local rank mod visible", "[interop][rank]") {
+    using custody::interop::choose_device;
+    // Each process sees its own pair of GPUs (CUDA_VISIBLE_DEVICES=2k,2k+1): local ranks 0..3 of a
+    // host with 8 GPUs see 2 each, and use device (local rank mod 2) of their pair.
+    CHECK(choose_device(rank(2, 2, 4), 2) == 0);
+    CHECK(choose_device(rank(3, 3, 4), 2) == 1);
+    // One GPU per process: device 0; all GPUs visible: the local rank.
+    CHECK(choose_device(rank(5, 5, 8), 1) == 0);
+    CHECK(choose_device(rank(5, 5, 8), 8) == 5);
+    CHECK_THROWS_WITH(choose_device(rank(1, 1, 2), 0), custody_test::contains("no device is visible"));
+
+    // On the host platform every process sees the same devices: one local rank too many wraps
+    // onto device 0, and the identity check names the two ranks that share it.
     const int count = host_platform::device_count();
-    thread_exchange exchange(count + 1);
-    CHECK_THROWS_WITH(bind_device<host_platform>(rank(count, count, count + 1), exchange),
-                      custody_test::contains("local rank " + std::to_string(count)) && custody_test::contains("has no device"));
+    std::vector<rank_info> ranks;
+    for (int r = 0; r <= count; ++r) ranks.push_back(rank(r, r, count + 1));
+    const auto results = bind_all(ranks, std::vector<std::string>(ranks.size(), "host-a"));
+    for (const auto& r : results) {
+        CHECK_FALSE(r.binding.has_value());
+        CHECK(r.first == 0);
+        CHECK(r.second == count);
+    }
+}
+
+TEST_CASE("local ranks from gathered host names, whatever the device ordinals", "[interop][rank]") {
+    using custody::place_on_host;
+    const std::vector<std::string> hosts{"a", "b", "a", "b", "a"};
+    CHECK(place_on_host(hosts, 0).local_rank == 0);
+    CHECK(place_on_host(hosts, 2).local_rank == 1);
+    CHECK(place_on_host(hosts, 4).local_rank == 2);
+    CHECK(place_on_host(hosts, 4).local_world_size == 3);
+    CHECK(place_on_host(hosts, 3).local_rank == 1);
+    CHECK(place_on_host(hosts, 3).local_world_size == 2);
+    CHECK_THROWS_AS(place_on_host(hosts, 5), rank_error);
+    CHECK_THROWS_AS(place_on_host(hosts, -1), rank_error);
 }
 
 TEST_CASE("the claims must cover every rank once", "[interop][rank]") {

@@ -13,6 +13,8 @@
 
 #include <cstdio>
 
+#include "../support/cuda_presence.hpp"
+
 using custody::interop::thrust_allocator;
 using custody::resource::cuda_async;
 
@@ -27,10 +29,7 @@ static_assert(THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA, "this test runs
     } while (false)
 
 int main() {
-    if (custody::cuda::device_count() == 0) {
-        std::puts("no CUDA device: skipped (the program compiled with nvcc)");
-        return 77;
-    }
+    if (const int status = custody_test::cuda_gate("thrust_cuda_test (compiled with nvcc)"); status >= 0) return status;
     cuda_async memory(0);
     custody::cuda::stream stream(0);
     {

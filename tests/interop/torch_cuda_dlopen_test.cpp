@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../support/catch.hpp"
+#include "../support/cuda_presence.hpp"
 
 #include <dlfcn.h>
 
@@ -39,7 +40,10 @@ TEST_CASE("the CUDA build loads and serves the visible devices", "[interop][torc
     const auto device_count = symbol<decltype(&custody_device_count)>(handle, "custody_device_count");
 
     CHECK(std::string(platform()) == "cuda");
-    const int devices = custody::cuda::device_count();
+    // A broken CUDA stack (a driver older than the runtime) is a failure here, not "no device".
+    const auto presence = custody_test::probe_cuda();
+    if (presence.verdict == custody_test::cuda_verdict::fail) FAIL(presence.message);
+    const int devices = presence.devices;
     REQUIRE(device_count() == devices);
     if (devices == 0) {
         CHECK(alloc(1024, 0, nullptr) == nullptr);

@@ -8,6 +8,7 @@
 #include <custody/resource/cuda_malloc.hpp>
 
 #include "../support/catch.hpp"
+#include "../support/cuda_presence.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -119,9 +120,6 @@ TEST_CASE("cuda: an allocation during graph capture is refused and records nothi
 }
 
 int main(int argc, char** argv) {
-    if (custody::cuda::device_count() == 0) {
-        std::puts("no CUDA device: the pool's cuda tests are skipped");
-        return 77;
-    }
+    if (const int status = custody_test::cuda_gate("test_pool_cuda"); status >= 0) return status;
     return Catch::Session().run(argc, argv);
 }

@@ -7,6 +7,7 @@
 #include "../support/cuda_pinned_host.hpp"
 
 #include "../support/catch.hpp"
+#include "../support/cuda_presence.hpp"
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -114,9 +115,6 @@ TEST_CASE("cuda: a full ring times out, then recovers", "[staging][cuda]") {
 }
 
 int main(int argc, char** argv) {
-    if (custody::cuda::device_count() == 0) {
-        std::printf("test_staging_cuda: no CUDA device, skipped\n");
-        return 77;
-    }
+    if (const int status = custody_test::cuda_gate("test_staging_cuda"); status >= 0) return status;
     return Catch::Session().run(argc, argv);
 }

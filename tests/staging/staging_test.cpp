@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <span>
@@ -432,6 +433,10 @@ TEST_CASE("bad inputs are typed errors and leave the ring unchanged", "[staging]
     CHECK_THROWS_AS(r.reserve<int>(0), std::invalid_argument);
     CHECK_THROWS_AS(r.try_reserve<int>(0), std::invalid_argument);
     CHECK_THROWS_AS(r.reserve<int>(0, std::chrono::seconds(1)), std::invalid_argument);
+    // A NaN timeout is neither a wait nor no wait: converting it to nanoseconds is undefined.
+    const std::chrono::duration<double> nan_timeout(std::numeric_limits<double>::quiet_NaN());
+    CHECK_THROWS_AS(r.reserve<int>(1, nan_timeout), std::invalid_argument);
+    CHECK_THROWS_AS(r.stage(dst.data(), 4, s, nan_timeout), std::invalid_argument);
     CHECK_THROWS_AS(r.stage(dst.data(), 0, s), std::invalid_argument);
     CHECK_THROWS_AS(r.stage<int>(nullptr, 4, s), std::invalid_argument);
     CHECK_THROWS_AS(r.copy_to_device(std::span<const int>(), dst.data(), s), std::invalid_argument);

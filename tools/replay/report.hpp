@@ -174,7 +174,7 @@ inline std::string columns(const std::vector<std::vector<std::string>>& rows) {
 
 /// The report as JSON (schema "custody.replay.report", version 1; docs/replay.md lists the fields).
 [[nodiscard]] inline std::string to_json(const report& r) {
-    namespace json = debug::json;
+    namespace json = debug::detail::json;
     const program& t = *r.trace;
     json::writer w;
     w.begin_object();
@@ -288,7 +288,7 @@ inline std::string columns(const std::vector<std::vector<std::string>>& rows) {
 /// time axis is the operation index, one op per microsecond. The reference allocator, when there
 /// is one, has a process of its own. Opens in ui.perfetto.dev.
 [[nodiscard]] inline std::string to_perfetto(const report& r) {
-    namespace json = debug::json;
+    namespace json = debug::detail::json;
     json::writer w;
     w.begin_object();
     w.field("displayTimeUnit", "ns");

@@ -4,13 +4,14 @@
 /// WORLD_SIZE), Open MPI (OMPI_COMM_WORLD_*) and Slurm (SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS),
 /// or given by the caller. One type for every layer: the tracking resource's reports and the
 /// device binding of interop/ read the same rank. (From an NCCL communicator:
-/// debug/nccl_rank.hpp.) No CUDA: compiles with a plain C++20 compiler.
+/// interop/nccl/rank.hpp.) No CUDA: compiles with a plain C++20 compiler.
 #pragma once
 
 #include <custody/core/error.hpp>
 
 #include <array>
 #include <charconv>
+#include <cstddef>
 #include <cstdlib>
 #include <functional>
 #include <optional>
@@ -18,6 +19,7 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 namespace custody {
 
@@ -106,37 +108,81 @@ inline rank_info validate(rank_info info) {
     return info;
 }
 
+namespace detail {
+
+/// Reads one launcher's set: its rank, local rank and world size must all be set, be non-negative
+/// integers and be consistent; throws rank_error naming the variable otherwise.
+inline rank_info read_launcher(const launcher_variables& vars, const std::string& rank_text,
+                               const environment_lookup& lookup) {
+    rank_info info;
+    info.source = vars.launcher;
+    info.rank = parse_count(vars.rank, rank_text);
+    for (const auto& [name, field] : {std::pair{vars.local_rank, &info.local_rank},
+                                      std::pair{vars.world_size, &info.world_size}}) {
+        const auto value = lookup(name);
+        if (!value) {
+            throw rank_error(std::string("custody: ") + vars.rank + " is set but " + name +
+                             " is not (launcher: " + vars.launcher + ")");
+        }
+        *field = parse_count(name, *value);
+    }
+    if (const auto local_size = lookup(vars.local_world_size)) {
+        // Slurm's SLURM_NTASKS_PER_NODE may read "4(x2)" on uneven layouts: keep it unknown then.
+        const std::string& text = *local_size;
+        if (text.find_first_not_of("0123456789") == std::string::npos) {
+            info.local_world_size = parse_count(vars.local_world_size, text);
+        }
+    }
+    return validate(std::move(info));
+}
+
+/// What a rank_error about `bad` adds when a later launcher's set is complete and consistent: the
+/// set passed over and how to use it; empty when there is none.
+inline std::string complete_set_after(const launcher_variables* bad, const environment_lookup& lookup) {
+    for (const launcher_variables* later = bad + 1; later != launchers.data() + launchers.size(); ++later) {
+        const auto rank = lookup(later->rank);
+        if (!rank) continue;
+        try {
+            const rank_info other = read_launcher(*later, *rank, lookup);
+            return std::string("; ") + later->launcher + "'s variables are complete (rank " +
+                   std::to_string(other.rank) + " of " + std::to_string(other.world_size) + "): unset " + bad->rank +
+                   ", " + bad->local_rank + ", " + bad->world_size + " and " + bad->local_world_size +
+                   " to use them";
+        } catch (const rank_error&) {
+            continue;
+        }
+    }
+    return {};
+}
+
+} // namespace detail
+
 /// Reads the rank from the environment seen through `lookup`. The first launcher whose rank
-/// variable is set wins (torchrun, then Open MPI, then Slurm); that launcher's rank, local rank and
-/// world size must then all be set, be non-negative integers and be consistent.
+/// variable is set decides (torchrun, then Open MPI, then Slurm); that launcher's rank, local rank
+/// and world size must then all be set, be non-negative integers and be consistent.
+///
+/// Precedence when several sets are present: a launcher started inside another's job (torchrun
+/// agents started by mpirun or srun, one per node) leaves the outer job's variables in its workers'
+/// environment, describing the agents, not the workers. So a complete, consistent torchrun set wins
+/// over Open MPI's and Slurm's, whatever they say. A set that is present but incomplete or
+/// contradicts itself is an error, never skipped in favour of the next: a rank read from the wrong
+/// set binds the wrong GPU and labels reports wrongly, silently. The message names a later set that
+/// is complete, and which variables to unset to use it.
 ///
 /// Throws rank_error when no launcher's variables are set (naming what was looked for), when one is
 /// missing, or when a value is malformed or inconsistent (naming the variable and its value).
-/// Thread safety: as `lookup`. Complexity: a dozen lookups.
+/// Thread safety: as `lookup`. Complexity: a few dozen lookups.
 [[nodiscard]] inline rank_info rank_from_environment(const environment_lookup& lookup) {
     for (const auto& vars : detail::launchers) {
         const auto rank = lookup(vars.rank);
         if (!rank) continue;
-        rank_info info;
-        info.source = vars.launcher;
-        info.rank = detail::parse_count(vars.rank, *rank);
-        for (const auto& [name, field] : {std::pair{vars.local_rank, &info.local_rank},
-                                          std::pair{vars.world_size, &info.world_size}}) {
-            const auto value = lookup(name);
-            if (!value) {
-                throw rank_error(std::string("custody: ") + vars.rank + " is set but " + name +
-                                 " is not (launcher: " + vars.launcher + ")");
-            }
-            *field = detail::parse_count(name, *value);
+        try {
+            return detail::read_launcher(vars, *rank, lookup);
+        } catch (const rank_error& e) {
+            const std::string other = detail::complete_set_after(&vars, lookup);
+            if (other.empty()) throw;
+            throw rank_error(e.what() + other);
         }
-        if (const auto local_size = lookup(vars.local_world_size)) {
-            // Slurm's SLURM_NTASKS_PER_NODE may read "4(x2)" on uneven layouts: keep it unknown then.
-            const std::string& text = *local_size;
-            if (text.find_first_not_of("0123456789") == std::string::npos) {
-                info.local_world_size = detail::parse_count(vars.local_world_size, text);
-            }
-        }
-        return validate(std::move(info));
     }
     throw rank_error("custody: no rank in the environment: set RANK, LOCAL_RANK and WORLD_SIZE (as torchrun "
                      "does), or launch under Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_LOCAL_RANK, "
@@ -150,7 +196,7 @@ inline rank_info validate(rank_info info) {
 /// As rank_from_environment, except that a process no launcher started (none of the rank variables
 /// is set) is rank 0 of 1 with source "default" instead of an error: for tools that also run
 /// outside a job, such as the tracking resource. Variables that are set but malformed or
-/// inconsistent are still a rank_error.
+/// inconsistent are still a rank_error, with the same precedence.
 [[nodiscard]] inline rank_info detect_rank(const environment_lookup& lookup) {
     for (const auto& vars : detail::launchers) {
         if (lookup(vars.rank)) return rank_from_environment(lookup);
@@ -160,6 +206,31 @@ inline rank_info validate(rank_info info) {
 
 /// detect_rank over this process's environment.
 [[nodiscard]] inline rank_info detect_rank() { return detect_rank(&detail::getenv_lookup); }
+
+/// Where one rank stands among the ranks of its host.
+struct host_placement {
+    int local_rank = 0;       ///< the ranks of one host numbered 0, 1, ... in rank order
+    int local_world_size = 0; ///< how many ranks run on that host
+};
+
+/// The placement of `rank` when rank r runs on host `hosts[r]`: its local rank is the number of
+/// lower ranks on its host. What every rank computes alike from the same gathered host names,
+/// whatever device ordinals CUDA_VISIBLE_DEVICES gave the processes. Throws rank_error when `rank`
+/// is not an index of `hosts`. Complexity: O(hosts).
+[[nodiscard]] inline host_placement place_on_host(const std::vector<std::string>& hosts, int rank) {
+    if (rank < 0 || static_cast<std::size_t>(rank) >= hosts.size()) {
+        throw rank_error("custody: rank " + std::to_string(rank) + " is not among the " +
+                         std::to_string(hosts.size()) + " ranks whose hosts were gathered");
+    }
+    const std::string& mine = hosts[static_cast<std::size_t>(rank)];
+    host_placement placement;
+    for (std::size_t r = 0; r < hosts.size(); ++r) {
+        if (hosts[r] != mine) continue;
+        if (r < static_cast<std::size_t>(rank)) ++placement.local_rank;
+        ++placement.local_world_size;
+    }
+    return placement;
+}
 
 /// A rank given by the caller, checked (see validate): throws rank_error unless
 /// 0 <= rank < world_size and 0 <= local_rank < world_size.

@@ -33,6 +33,10 @@ struct resource_statistics {
 
 /// Lock-free counters behind resource_statistics, for leaf resources whose reserved memory equals
 /// their live memory. Thread-safe. The peak is exact: it is raised with a compare-exchange loop.
+///
+/// The live figures never go below zero: a deallocation larger than what is live here (a block an
+/// equal resource handed out and this one was given back) lowers them to zero, no further. While
+/// every block comes back to the counter that counted it, the figures are exact.
 class statistics_counter {
 public:
     /// Records an allocation of `bytes` (non-zero) that the upstream just satisfied.
@@ -47,9 +51,9 @@ public:
 
     /// Records that a block of `bytes` (and `reserved` held for it) was given back.
     void on_deallocate(std::size_t bytes, std::size_t reserved) noexcept {
-        live_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
-        reserved_bytes_.fetch_sub(reserved, std::memory_order_relaxed);
-        live_allocations_.fetch_sub(1, std::memory_order_relaxed);
+        lower(live_bytes_, bytes);
+        lower(reserved_bytes_, reserved);
+        lower(live_allocations_, 1);
         deallocations_.fetch_add(1, std::memory_order_relaxed);
     }
 
@@ -66,6 +70,13 @@ public:
     }
 
 private:
+    /// counter := max(0, counter - n), atomically.
+    static void lower(std::atomic<std::size_t>& counter, std::size_t n) noexcept {
+        std::size_t seen = counter.load(std::memory_order_relaxed);
+        while (!counter.compare_exchange_weak(seen, seen - std::min(seen, n), std::memory_order_relaxed)) {
+        }
+    }
+
     std::atomic<std::size_t> live_bytes_{0};
     std::atomic<std::size_t> peak_live_bytes_{0};
     std::atomic<std::size_t> reserved_bytes_{0};

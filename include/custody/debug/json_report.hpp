@@ -8,11 +8,17 @@
 #include <custody/debug/detail/json.hpp>
 #include <custody/debug/report.hpp>
 
+#include <cerrno>
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
-#include <sstream>
+#include <limits>
+#include <map>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 namespace custody::debug {
@@ -25,7 +31,7 @@ inline constexpr int report_version = 1;
 class report_error : public custody::error {
 public:
     enum class reason {
-        missing,   ///< the file does not exist or cannot be read
+        missing,   ///< the file does not exist or cannot be read (a directory, no permission)
         truncated, ///< the JSON ends early (a crash or a full disk while writing)
         malformed, ///< not JSON, or JSON that is not a custody rank report of this version
         mismatched ///< valid on its own, but inconsistent with the other reports
@@ -54,6 +60,38 @@ private:
 
 namespace detail {
 
+/// sum += bytes, stopping at SIZE_MAX (reports from files may hold any count).
+inline void add_saturating(std::size_t& sum, std::size_t bytes) noexcept {
+    sum = bytes > std::numeric_limits<std::size_t>::max() - sum ? std::numeric_limits<std::size_t>::max() : sum + bytes;
+}
+
+/// Writes a timeline sample's owners as the members of one object. Each name appears once as the
+/// writer spells it (invalid UTF-8 as U+FFFD): names that become one that way, or that repeat,
+/// are one member holding their sum (saturating at SIZE_MAX).
+inline void write_sample_owners(json::writer& w, const timeline_sample& s) {
+    bool distinct = true; // valid UTF-8 and strictly increasing: written as they are
+    for (std::size_t i = 0; i < s.owners.size() && distinct; ++i) {
+        distinct = json::is_valid_utf8(s.owners[i].first) && (i == 0 || s.owners[i - 1].first < s.owners[i].first);
+    }
+    w.begin_object();
+    if (distinct) {
+        for (const auto& [o, b] : s.owners) {
+            w.key(o);
+            w.number(static_cast<std::uint64_t>(b));
+        }
+    } else {
+        std::map<std::string, std::size_t> merged;
+        for (const auto& [o, b] : s.owners) {
+            add_saturating(merged[json::to_valid_utf8(o)], b);
+        }
+        for (const auto& [o, b] : merged) {
+            w.key(o);
+            w.number(static_cast<std::uint64_t>(b));
+        }
+    }
+    w.end_object();
+}
+
 inline void write_site(json::writer& w, const allocation_site& s) {
     w.begin_object();
     w.field("owner", s.owner);
@@ -74,9 +112,11 @@ inline void write_site(json::writer& w, const allocation_site& s) {
 
 } // namespace detail
 
-/// The report as a JSON document. Deterministic: the same report gives the same text.
+/// The report as a JSON document: valid JSON (RFC 8259) in valid UTF-8 that passes
+/// docs/debug-report-schema.json, whatever bytes the names hold (each invalid UTF-8 sequence is
+/// written as U+FFFD). Deterministic: the same report gives the same text.
 [[nodiscard]] inline std::string to_json(const rank_report& r) {
-    json::writer w;
+    detail::json::writer w;
     w.begin_object();
     w.field("schema", report_schema);
     w.field("version", report_version);
@@ -172,12 +212,7 @@ inline void write_site(json::writer& w, const allocation_site& s) {
         w.begin_object();
         w.field("unix_ns", static_cast<std::int64_t>(s.unix_ns));
         w.key("owners");
-        w.begin_object();
-        for (const auto& [o, b] : s.owners) {
-            w.key(o);
-            w.number(static_cast<std::uint64_t>(b));
-        }
-        w.end_object();
+        detail::write_sample_owners(w, s);
         w.end_object();
     }
     w.end_array();
@@ -211,15 +246,33 @@ public:
         if (v == nullptr) fail(std::string(where) + " has no '" + std::string(key) + "'");
         return *v;
     }
-    std::int64_t integer(const json::value& o, std::string_view key, std::string_view where) const {
-        const json::value& v = member(o, key, where);
-        if (!v.is_integer()) fail(std::string(where) + "." + std::string(key) + " is not an integer");
-        return static_cast<std::int64_t>(v.as_number());
+    /// The integer member `key` as T, within [least, most]: an integer written without fraction
+    /// or exponent (the writer writes no other), exactly.
+    template <class T>
+    T integer(const json::value& o, std::string_view key, std::string_view where,
+              T least = std::numeric_limits<T>::min(), T most = std::numeric_limits<T>::max()) const {
+        return checked(member(o, key, where), std::string(where) + "." + std::string(key), least, most);
     }
-    std::size_t count(const json::value& o, std::string_view key, std::string_view where) const {
-        const std::int64_t v = integer(o, key, where);
-        if (v < 0) fail(std::string(where) + "." + std::string(key) + " is negative");
-        return static_cast<std::size_t>(v);
+    /// A count: an integer in [least, SIZE_MAX].
+    std::size_t count(const json::value& o, std::string_view key, std::string_view where, std::size_t least = 0) const {
+        return integer<std::size_t>(o, key, where, least);
+    }
+    /// `v`, named `field` in errors, as an integer T within [least, most].
+    template <class T>
+    T checked(const json::value& v, const std::string& field, T least = std::numeric_limits<T>::min(),
+              T most = std::numeric_limits<T>::max()) const {
+        if (const json::real* r = v.as_real()) {
+            fail(field + " = " + json::excerpt(r->text) +
+                 (r->integral ? " is out of range" : " is not an integer (it has a fraction or an exponent)"));
+        }
+        if (!v.is_integer()) fail(field + " is a JSON " + std::string(v.type_name()) + ", not an integer");
+        const auto x = v.as_integer<T>();
+        if (!x || *x < least || *x > most) {
+            json::writer shown;
+            shown.write(v);
+            fail(field + " = " + shown.str() + " is outside " + std::to_string(least) + ".." + std::to_string(most));
+        }
+        return *x;
     }
     const std::string& string(const json::value& o, std::string_view key, std::string_view where) const {
         const json::value& v = member(o, key, where);
@@ -239,12 +292,43 @@ private:
     std::string file_;
 };
 
+/// The whole content of the file at `path`; report_error(missing) naming the system's reason when
+/// it cannot be opened or read (a directory opens, and fails to read with "Is a directory").
+inline std::string read_file(const std::string& path) {
+    struct closer {
+        void operator()(std::FILE* f) const noexcept { std::fclose(f); }
+    };
+    errno = 0;
+    const std::unique_ptr<std::FILE, closer> f(std::fopen(path.c_str(), "rb"));
+    if (!f) {
+        const int error = errno;
+        throw report_error(report_error::reason::missing, path,
+                           "cannot open it: " + std::generic_category().message(error));
+    }
+    std::string text;
+    char buffer[1 << 16];
+    for (;;) {
+        const std::size_t n = std::fread(buffer, 1, sizeof buffer, f.get());
+        text.append(buffer, n);
+        if (n < sizeof buffer) break;
+    }
+    if (std::ferror(f.get()) != 0) {
+        const int error = errno;
+        throw report_error(report_error::reason::missing, path,
+                           "cannot read it: " + std::generic_category().message(error));
+    }
+    return text;
+}
+
 } // namespace detail
 
 /// Reads a report from JSON text. `file` only names it in errors. Reads what the merge tool needs:
 /// rank, tracker, platform, times, totals, owners, devices, live groups, violation kinds and
-/// details, and the timeline. Throws report_error (truncated or malformed).
+/// details, and the timeline. Integers read exactly, each within its field's range (an int field
+/// within int, a count within size_t, the schema's minimums). Throws report_error (truncated or
+/// malformed), naming the field for a wrong one.
 [[nodiscard]] inline rank_report parse_rank_report(std::string_view text, const std::string& file = {}) {
+    namespace json = detail::json;
     json::value doc;
     try {
         doc = json::parse(text);
@@ -253,38 +337,42 @@ private:
                            e.what());
     }
     const detail::field_reader f(file);
+    constexpr int int_max = std::numeric_limits<int>::max();
     if (!doc.is_object()) f.fail("the document is not an object");
     if (f.string(doc, "schema", "report") != report_schema) f.fail("not a custody rank report (schema)");
-    if (f.integer(doc, "version", "report") != report_version) {
-        f.fail("version " + std::to_string(f.integer(doc, "version", "report")) + " is not the supported version " +
-               std::to_string(report_version));
+    if (const auto version = f.integer<std::int64_t>(doc, "version", "report"); version != report_version) {
+        f.fail("version " + std::to_string(version) + " is not the supported version " + std::to_string(report_version));
     }
     rank_report r;
     const json::value& rank = f.member(doc, "rank", "report");
-    r.rank.rank = static_cast<int>(f.integer(rank, "rank", "rank"));
-    r.rank.local_rank = static_cast<int>(f.integer(rank, "local_rank", "rank"));
-    r.rank.world_size = static_cast<int>(f.integer(rank, "world_size", "rank"));
+    r.rank.rank = f.integer<int>(rank, "rank", "rank", 0);
+    r.rank.local_rank = f.integer<int>(rank, "local_rank", "rank", 0);
+    r.rank.world_size = f.integer<int>(rank, "world_size", "rank", 1);
     r.rank.source = f.string(rank, "source", "rank");
-    if (r.rank.rank < 0 || r.rank.world_size < 1 || r.rank.rank >= r.rank.world_size) {
-        f.fail("rank " + std::to_string(r.rank.rank) + " of " + std::to_string(r.rank.world_size) + " is impossible");
+    if (r.rank.rank >= r.rank.world_size) {
+        f.fail("rank.rank " + std::to_string(r.rank.rank) + " of " + std::to_string(r.rank.world_size) +
+               " is impossible");
     }
     r.tracker = f.string(doc, "tracker", "report");
     r.platform = f.string(doc, "platform", "report");
-    r.started_unix_ns = f.integer(doc, "started_unix_ns", "report");
-    r.written_unix_ns = f.integer(doc, "written_unix_ns", "report");
+    if (r.platform != "host" && r.platform != "cuda") {
+        f.fail("report.platform '" + json::excerpt(r.platform) + "' is neither 'host' nor 'cuda'");
+    }
+    r.started_unix_ns = f.integer<std::int64_t>(doc, "started_unix_ns", "report");
+    r.written_unix_ns = f.integer<std::int64_t>(doc, "written_unix_ns", "report");
     const json::value& totals = f.member(doc, "totals", "report");
     r.totals.live_bytes = f.count(totals, "live_bytes", "totals");
     r.totals.peak_live_bytes = f.count(totals, "peak_live_bytes", "totals");
     r.totals.reserved_bytes = f.count(totals, "reserved_bytes", "totals");
     r.totals.live_allocations = f.count(totals, "live_allocations", "totals");
-    r.totals.allocations = f.count(totals, "allocations", "totals");
-    r.totals.deallocations = f.count(totals, "deallocations", "totals");
+    r.totals.allocations = f.integer<std::uint64_t>(totals, "allocations", "totals");
+    r.totals.deallocations = f.integer<std::uint64_t>(totals, "deallocations", "totals");
     for (const json::value& o : f.array(doc, "owners", "report")) {
         r.owners.push_back(owner_usage{f.string(o, "owner", "owners[]"), f.count(o, "live_bytes", "owners[]"),
                                        f.count(o, "live_count", "owners[]"), f.count(o, "peak_bytes", "owners[]")});
     }
     for (const json::value& d : f.array(doc, "devices", "report")) {
-        r.devices.push_back(device_usage{static_cast<int>(f.integer(d, "device", "devices[]")),
+        r.devices.push_back(device_usage{f.integer<int>(d, "device", "devices[]", -1),
                                          f.count(d, "live_bytes", "devices[]"), f.count(d, "live_count", "devices[]")});
     }
     const json::value& live = f.member(doc, "live", "report");
@@ -295,11 +383,10 @@ private:
         leak_group lg;
         lg.owner = f.string(g, "owner", "live.groups[]");
         lg.bytes = f.count(g, "bytes", "live.groups[]");
-        lg.count = f.count(g, "count", "live.groups[]");
-        lg.first_sequence = f.count(g, "first_sequence", "live.groups[]");
+        lg.count = f.count(g, "count", "live.groups[]", 1);
+        lg.first_sequence = f.integer<std::uint64_t>(g, "first_sequence", "live.groups[]", 1);
         for (const json::value& d : f.array(g, "devices", "live.groups[]")) {
-            if (!d.is_integer()) f.fail("live.groups[].devices[] is not an integer");
-            lg.devices.push_back(static_cast<int>(d.as_number()));
+            lg.devices.push_back(f.checked<int>(d, "live.groups[].devices[]", -1, int_max));
         }
         for (const json::value& s : f.array(g, "stack", "live.groups[]")) {
             if (!s.is_string()) f.fail("live.groups[].stack[] is not a string");
@@ -317,33 +404,28 @@ private:
                 known = true;
             }
         }
-        if (!known) f.fail("violations[].kind '" + kind + "' is unknown");
+        if (!known) f.fail("violations[].kind '" + json::excerpt(kind) + "' is unknown");
         x.tracker = f.string(v, "tracker", "violations[]");
         x.detail = f.string(v, "detail", "violations[]");
         r.violations.push_back(std::move(x));
     }
     for (const json::value& s : f.array(doc, "timeline", "report")) {
         timeline_sample t;
-        t.unix_ns = f.integer(s, "unix_ns", "timeline[]");
+        t.unix_ns = f.integer<std::int64_t>(s, "unix_ns", "timeline[]");
         const json::value& owners = f.member(s, "owners", "timeline[]");
         if (!owners.is_object()) f.fail("timeline[].owners is not an object");
         for (const auto& [name, bytes] : owners.as_object()) {
-            if (!bytes.is_integer() || bytes.as_number() < 0) f.fail("timeline[].owners['" + name + "'] is not a count");
-            t.owners.emplace_back(name, static_cast<std::size_t>(bytes.as_number()));
+            t.owners.emplace_back(name, f.checked<std::size_t>(bytes, "timeline[].owners['" + json::excerpt(name) + "']"));
         }
         r.timeline.push_back(std::move(t));
     }
     return r;
 }
 
-/// Reads a report file. Throws report_error: missing (cannot open), truncated, or malformed.
+/// Reads a report file. Throws report_error: missing (cannot open or read it, with the system's
+/// reason), truncated, or malformed.
 [[nodiscard]] inline rank_report read_rank_report(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw report_error(report_error::reason::missing, path, "cannot open the file");
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (in.bad()) throw report_error(report_error::reason::missing, path, "cannot read the file");
-    return parse_rank_report(text.str(), path);
+    return parse_rank_report(detail::read_file(path), path);
 }
 
 } // namespace custody::debug

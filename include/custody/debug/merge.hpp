@@ -9,11 +9,14 @@
 #include <custody/debug/report.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <map>
 #include <set>
 #include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace custody::debug {
@@ -54,9 +57,48 @@ struct cross_rank_view {
     }
 };
 
+namespace detail {
+
+/// The ranks in 0..world_size-1 that no report holds, for an error message: "rank 3", or
+/// "ranks 0-4 and 6-9" (a run of ranks as first-last), at most the first eight runs, then "...".
+/// `present`: the ranks that have a report, sorted, distinct, each within the world.
+/// Complexity: O(present.size()), whatever the world size.
+inline std::string describe_missing(const std::vector<int>& present, int world_size) {
+    std::vector<std::pair<int, int>> runs; // [first, last] of missing ranks
+    bool more = false;
+    const auto gap = [&](std::int64_t first, std::int64_t last) {
+        if (first > last) return;
+        if (runs.size() == 8) {
+            more = true;
+            return;
+        }
+        runs.emplace_back(static_cast<int>(first), static_cast<int>(last));
+    };
+    std::int64_t next = 0; // the lowest rank not yet accounted for
+    for (const int rank : present) {
+        gap(next, std::int64_t{rank} - 1);
+        next = std::int64_t{rank} + 1;
+    }
+    gap(next, std::int64_t{world_size} - 1);
+    if (runs.size() == 1 && runs[0].first == runs[0].second && !more) return "rank " + std::to_string(runs[0].first);
+    std::string s = "ranks ";
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+        if (i > 0) s += (i + 1 == runs.size() && !more) ? " and " : ", ";
+        s += std::to_string(runs[i].first);
+        if (runs[i].second != runs[i].first) s += "-" + std::to_string(runs[i].second);
+    }
+    if (more) s += ", ...";
+    return s;
+}
+
+} // namespace detail
+
 /// Checks that `reports` are one job's reports and combines them. Throws report_error:
-/// mismatched (no reports, world sizes or platforms differ, a rank twice) or missing (a rank of
-/// the world has no report). `files[i]` names reports[i] in errors (may be empty).
+/// mismatched (no reports, world sizes or platforms differ, a rank outside the world or twice) or
+/// missing (ranks of the world without a report, named). `files[i]` names reports[i] in errors
+/// (may be empty). Complexity: O(n log n) in the reports and their owners before any check
+/// passes, and memory for the view only once every rank of the world has its report, so a report
+/// that claims a huge world costs nothing per rank it claims.
 [[nodiscard]] inline cross_rank_view merge_reports(const std::vector<rank_report>& reports,
                                                    const std::vector<std::string>& files = {}) {
     const auto name = [&](std::size_t i) { return i < files.size() ? files[i] : std::string(); };
@@ -64,7 +106,8 @@ struct cross_rank_view {
     cross_rank_view v;
     v.world_size = reports[0].rank.world_size;
     v.platform = reports[0].platform;
-    std::vector<int> seen(static_cast<std::size_t>(v.world_size), -1);
+    std::vector<std::pair<int, std::size_t>> ranks; // (rank, index in reports), sorted below
+    ranks.reserve(reports.size());
     std::set<std::string> owners;
     for (std::size_t i = 0; i < reports.size(); ++i) {
         const rank_report& r = reports[i];
@@ -82,21 +125,28 @@ struct cross_rank_view {
                                "rank " + std::to_string(r.rank.rank) + " is outside a world of " +
                                    std::to_string(v.world_size));
         }
-        auto& slot = seen[static_cast<std::size_t>(r.rank.rank)];
-        if (slot >= 0) {
-            throw report_error(report_error::reason::mismatched, name(i),
-                               "rank " + std::to_string(r.rank.rank) + " already came from '" +
-                                   name(static_cast<std::size_t>(slot)) + "'");
-        }
-        slot = static_cast<int>(i);
+        ranks.emplace_back(r.rank.rank, i);
         for (const auto& o : r.owners) owners.insert(o.owner);
     }
-    for (int rank = 0; rank < v.world_size; ++rank) {
-        if (seen[static_cast<std::size_t>(rank)] < 0) {
-            throw report_error(report_error::reason::missing, "",
-                               "no report for rank " + std::to_string(rank) + " of " + std::to_string(v.world_size));
+    std::sort(ranks.begin(), ranks.end());
+    std::vector<int> present;
+    present.reserve(ranks.size());
+    for (std::size_t k = 0; k < ranks.size(); ++k) {
+        if (k > 0 && ranks[k].first == ranks[k - 1].first) {
+            throw report_error(report_error::reason::mismatched, name(ranks[k].second),
+                               "rank " + std::to_string(ranks[k].first) + " already came from '" +
+                                   name(ranks[k - 1].second) + "'");
         }
+        present.push_back(ranks[k].first);
     }
+    if (present.size() != static_cast<std::size_t>(v.world_size)) {
+        const std::int64_t missing = std::int64_t{v.world_size} - static_cast<std::int64_t>(present.size());
+        std::string what = "no report for " + detail::describe_missing(present, v.world_size) + " of " +
+                           std::to_string(v.world_size);
+        if (missing > 1) what += " (" + std::to_string(missing) + " missing)";
+        throw report_error(report_error::reason::missing, "", what);
+    }
+    // Every rank of the world has exactly one report: the view's size is bounded by the input.
     v.owners.assign(owners.begin(), owners.end());
     v.bytes.assign(v.owners.size(), std::vector<std::size_t>(static_cast<std::size_t>(v.world_size), 0));
     v.rank_totals.assign(static_cast<std::size_t>(v.world_size), 0);
@@ -105,8 +155,8 @@ struct cross_rank_view {
         for (const auto& o : r.owners) {
             const auto at = static_cast<std::size_t>(
                 std::lower_bound(v.owners.begin(), v.owners.end(), o.owner) - v.owners.begin());
-            v.bytes[at][rank] += o.live_bytes;
-            v.rank_totals[rank] += o.live_bytes;
+            detail::add_saturating(v.bytes[at][rank], o.live_bytes);
+            detail::add_saturating(v.rank_totals[rank], o.live_bytes);
         }
     }
     return v;
@@ -146,19 +196,37 @@ struct cross_rank_view {
     return out;
 }
 
+namespace detail {
+
+/// Microseconds from `origin` to `t` (origin <= t), without overflow: the difference of any two
+/// int64 values fits uint64.
+[[nodiscard]] inline double microseconds_between(std::int64_t origin, std::int64_t t) noexcept {
+    return static_cast<double>(static_cast<std::uint64_t>(t) - static_cast<std::uint64_t>(origin)) / 1000.0;
+}
+
+} // namespace detail
+
 /// A Chrome/Perfetto trace (JSON object format): process rank+1 named "rank R", a counter track
-/// per owner ("C" events named after the owner, value "live_bytes") at every timeline sample,
-/// times in microseconds since the earliest rank started. Opens in ui.perfetto.dev.
+/// per owner ("C" events named after the owner, value "live_bytes"), times in microseconds since
+/// the earliest start (or sample, should one come before it). A track gets a value at each sample
+/// that holds its owner, and 0 at the first sample after one that held it when the owner is gone,
+/// so it steps down to zero instead of holding its last value (a counter track keeps its value
+/// until the next event). Opens in ui.perfetto.dev.
+/// Complexity: O(n) in the timelines' entries (expected, hashing owner names); at most two events
+/// per entry.
 [[nodiscard]] inline std::string to_perfetto_trace(const std::vector<rank_report>& reports) {
     std::int64_t origin = INT64_MAX;
-    for (const auto& r : reports) origin = std::min(origin, r.started_unix_ns);
-    json::writer w;
+    for (const auto& r : reports) {
+        origin = std::min(origin, r.started_unix_ns);
+        for (const auto& s : r.timeline) origin = std::min(origin, s.unix_ns);
+    }
+    detail::json::writer w;
     w.begin_object();
     w.field("displayTimeUnit", "ms");
     w.key("traceEvents");
     w.begin_array();
     // A metadata event naming or ordering a rank's process: {"name": what, "ph": "M", ..., "args": {key: value}}.
-    const auto metadata = [&w](const char* what, int pid, const char* key, const auto& value) {
+    const auto metadata = [&w](const char* what, std::int64_t pid, const char* key, const auto& value) {
         w.begin_object();
         w.field("name", what);
         w.field("ph", "M");
@@ -170,32 +238,51 @@ struct cross_rank_view {
         w.end_object();
         w.end_object();
     };
+    const auto counter = [&w](std::string_view owner, std::int64_t pid, double ts, std::size_t bytes) {
+        w.begin_object();
+        w.field("name", owner);
+        w.field("ph", "C");
+        w.field("pid", pid);
+        w.field("tid", 0);
+        w.field("ts", ts);
+        w.key("args");
+        w.begin_object();
+        w.field("live_bytes", static_cast<std::uint64_t>(bytes));
+        w.end_object();
+        w.end_object();
+    };
     for (const auto& r : reports) {
-        const int pid = r.rank.rank + 1;
+        const std::int64_t pid = std::int64_t{r.rank.rank} + 1;
         metadata("process_name", pid, "name", "rank " + std::to_string(r.rank.rank));
         metadata("process_sort_index", pid, "sort_index", r.rank.rank);
-        // Every owner the rank ever had gets a value at every sample (0 when absent), so each
-        // counter track steps down to zero instead of holding its last value.
-        std::set<std::string> owners;
-        for (const auto& s : r.timeline)
-            for (const auto& [o, b] : s.owners) owners.insert(o);
-        for (const auto& s : r.timeline) {
-            for (const auto& o : owners) {
-                std::size_t bytes = 0;
-                for (const auto& [so, b] : s.owners)
-                    if (so == o) bytes = b;
-                w.begin_object();
-                w.field("name", o);
-                w.field("ph", "C");
-                w.field("pid", pid);
-                w.field("tid", 0);
-                w.field("ts", static_cast<double>(s.unix_ns - origin) / 1000.0);
-                w.key("args");
-                w.begin_object();
-                w.field("live_bytes", static_cast<std::uint64_t>(bytes));
-                w.end_object();
-                w.end_object();
+        // Owner names of this rank as small numbers; written[id] = k + 1 once sample k gave the
+        // owner an event.
+        std::unordered_map<std::string_view, std::size_t> ids;
+        std::vector<std::string_view> names;  // [id]
+        std::vector<std::size_t> written;     // [id]
+        std::vector<std::size_t> before; // the ids the previous sample held
+        std::vector<std::size_t> now;
+        for (std::size_t k = 0; k < r.timeline.size(); ++k) {
+            const timeline_sample& s = r.timeline[k];
+            const double ts = detail::microseconds_between(origin, s.unix_ns);
+            now.clear();
+            for (const auto& [o, bytes] : s.owners) {
+                const auto [it, added] = ids.try_emplace(o, names.size());
+                if (added) {
+                    names.push_back(o);
+                    written.push_back(0);
+                }
+                written[it->second] = k + 1;
+                now.push_back(it->second);
+                counter(o, pid, ts, bytes);
             }
+            for (const std::size_t id : before) {
+                if (written[id] != k + 1) {
+                    counter(names[id], pid, ts, 0);
+                    written[id] = k + 1; // one 0, even if the previous sample named it twice
+                }
+            }
+            std::swap(before, now);
         }
     }
     w.end_array();

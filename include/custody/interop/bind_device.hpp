@@ -51,14 +51,18 @@ private:
 };
 static_assert(std::is_trivially_copyable_v<device_claim>);
 
-/// Two ranks on one host chose the same device. Every rank that takes part in the check throws it
-/// with the same pair (the lowest two ranks in conflict), so no rank goes on alone.
+/// Two ranks on one host chose the same device. Every rank that takes part in the claim check
+/// throws it with the same pair (the lowest two ranks in conflict), so no rank goes on alone; a
+/// device_lock throws it in the process that came second, naming the holder first. `detail`, when
+/// given, is appended (which process holds the device).
 class duplicate_device_error final : public rank_error {
 public:
-    duplicate_device_error(int first_rank, int second_rank, int device, std::string host, std::string device_id)
+    duplicate_device_error(int first_rank, int second_rank, int device, std::string host, std::string device_id,
+                           const std::string& detail = {})
         : rank_error("custody: ranks " + std::to_string(first_rank) + " and " + std::to_string(second_rank) +
                      " both chose device " + std::to_string(device) + " on host " + host + " (" + device_id +
-                     "); give each local rank its own device (LOCAL_RANK, CUDA_VISIBLE_DEVICES)"),
+                     "); give each local rank its own device (LOCAL_RANK, CUDA_VISIBLE_DEVICES)" +
+                     (detail.empty() ? std::string() : "; " + detail)),
           first_rank_(first_rank), second_rank_(second_rank), device_(device), host_(std::move(host)) {}
 
     [[nodiscard]] int first_rank() const noexcept { return first_rank_; }
@@ -134,24 +138,32 @@ inline std::string this_host_name() {
 }
 } // namespace detail
 
-/// Chooses the device of `rank` on `Platform`: the local rank when the process sees several
-/// devices, device 0 when it sees exactly one (the launcher gave each process its own GPU with
-/// CUDA_VISIBLE_DEVICES; the identity check below proves they differ). Throws rank_error when the
-/// local rank has no device.
+/// The device of `rank` when its process sees `visible` devices: local_rank mod visible.
+///  - every process sees all the host's GPUs: the local rank;
+///  - the launcher gave each process one GPU (CUDA_VISIBLE_DEVICES=<its GPU>): device 0;
+///  - each process sees its own k GPUs (CUDA_VISIBLE_DEVICES=<k of them>, fewer than the local
+///    ranks): local_rank mod k of its own set.
+/// A layout where this puts two ranks of one host on one GPU (8 local ranks that all see the same
+/// 4 GPUs) is caught by the identity check of bind_device (GPU UUIDs, not ordinals), and on the
+/// cuda platform already by the device lock a communicator takes. Throws rank_error when no
+/// device is visible. Complexity: O(1).
+[[nodiscard]] inline int choose_device(const rank_info& rank, int visible) {
+    if (visible < 1) {
+        throw rank_error("custody: local rank " + std::to_string(rank.local_rank) + " (rank " +
+                         std::to_string(rank.rank) + ") has no device: no device is visible on host " +
+                         detail::this_host_name() + " (CUDA_VISIBLE_DEVICES, the driver)");
+    }
+    return rank.local_rank % visible;
+}
+
+/// Chooses the device of `rank` on `Platform` (choose_device over Platform::device_count()).
 template <platform Platform>
 [[nodiscard]] int device_for(const rank_info& rank) {
-    const int count = Platform::device_count();
-    if (count == 1) return 0;
-    if (rank.local_rank >= count) {
-        throw rank_error("custody: local rank " + std::to_string(rank.local_rank) + " (rank " +
-                         std::to_string(rank.rank) + ") has no device: " + std::to_string(count) +
-                         " visible on host " + detail::this_host_name());
-    }
-    return rank.local_rank;
+    return choose_device(rank, Platform::device_count());
 }
 
 /// Binds this rank to its device on `Platform`:
-///  1. chooses the device from the local rank (device_for);
+///  1. chooses the device from the local rank (device_for, choose_device);
 ///  2. all-gathers (host, device identity) over `exchange`, and checks that no two ranks on one
 ///     host chose one device (check_device_claims);
 ///  3. only then makes the device current on the calling thread.

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -318,6 +319,7 @@ public:
     }
 
     /// As reserve(count), but waits at most `timeout`, then throws timeout_error (ring unchanged).
+    /// A NaN timeout is std::invalid_argument.
     template <class T, class Rep, class Period>
     [[nodiscard]] reservation_type<T> reserve(std::size_t count, std::chrono::duration<Rep, Period> timeout) {
         const std::size_t bytes = request_bytes<T>(count);
@@ -410,7 +412,8 @@ public:
         return stage_impl(source, count, stream, wait_mode::block, {}, {});
     }
 
-    /// As stage, but waits at most `timeout` for room, then throws timeout_error.
+    /// As stage, but waits at most `timeout` for room, then throws timeout_error. A NaN timeout is
+    /// std::invalid_argument.
     template <class T, class Rep, class Period>
     [[nodiscard]] ticket_type<T> stage(const T* source, std::size_t count, stream_type stream,
                                        std::chrono::duration<Rep, Period> timeout) {
@@ -526,10 +529,12 @@ private:
     }
 
     /// `timeout` in nanoseconds, saturating (std::chrono::duration::max() and the like wait forever).
+    /// Throws std::invalid_argument for a NaN timeout, which is neither long nor short.
     template <class Rep, class Period>
     static std::chrono::nanoseconds clamp_timeout(std::chrono::duration<Rep, Period> timeout) {
         using limit_type = std::chrono::duration<long double, std::nano>;
         const limit_type wanted = timeout;
+        if (std::isnan(wanted.count())) throw std::invalid_argument("custody: staging ring: the timeout is NaN");
         if (wanted >= limit_type(std::chrono::nanoseconds::max())) return std::chrono::nanoseconds::max();
         if (wanted <= limit_type(0)) return std::chrono::nanoseconds(0);
         return std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);

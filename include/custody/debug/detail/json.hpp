@@ -1,20 +1,26 @@
 /// @file
 /// A small JSON writer and reader for the debug reports and the merge tool: enough JSON (RFC 8259)
-/// for what custody writes, strict about what it reads.
+/// for what custody writes, strict about what it reads. An internal of the debug layer.
 #pragma once
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
+#include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
 
-namespace custody::debug::json {
+namespace custody::debug::detail::json {
 
 /// A document that is not valid JSON. `truncated()` when the text ended inside a value (a report
 /// cut short by a crash or a full disk), as opposed to a wrong character at `offset()`.
@@ -30,30 +36,123 @@ private:
     bool truncated_;
 };
 
+/// One step through UTF-8 text: the character at the start of `s` is valid and `length` bytes
+/// long, or invalid and `length` is its maximal subpart (the longest start of a valid sequence,
+/// at least one byte), the unit that U+FFFD replaces (Unicode 15, section 3.9).
+struct utf8_step {
+    std::size_t length;
+    bool valid;
+};
+
+/// The UTF-8 character at s[i] (i < s.size()), as RFC 3629 allows them: no overlong forms, no
+/// surrogates, nothing above U+10FFFF.
+[[nodiscard]] constexpr utf8_step next_utf8(std::string_view s, std::size_t i) noexcept {
+    const auto lead = static_cast<unsigned char>(s[i]);
+    if (lead < 0x80) return {1, true};
+    std::size_t follow = 0;
+    unsigned lo = 0x80; // the range of the byte after the lead; later ones are 0x80..0xBF
+    unsigned hi = 0xBF;
+    if (lead >= 0xC2 && lead <= 0xDF) {
+        follow = 1;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+        follow = 2;
+        if (lead == 0xE0) lo = 0xA0; // overlong below U+0800
+        if (lead == 0xED) hi = 0x9F; // surrogates U+D800..U+DFFF
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+        follow = 3;
+        if (lead == 0xF0) lo = 0x90; // overlong below U+10000
+        if (lead == 0xF4) hi = 0x8F; // above U+10FFFF
+    } else {
+        return {1, false};
+    }
+    for (std::size_t n = 1; n <= follow; ++n) {
+        if (i + n >= s.size()) return {n, false};
+        const auto b = static_cast<unsigned char>(s[i + n]);
+        if (b < lo || b > hi) return {n, false};
+        lo = 0x80;
+        hi = 0xBF;
+    }
+    return {follow + 1, true};
+}
+
+/// Whether `s` is valid UTF-8 (see next_utf8).
+[[nodiscard]] constexpr bool is_valid_utf8(std::string_view s) noexcept {
+    for (std::size_t i = 0; i < s.size();) {
+        const utf8_step c = next_utf8(s, i);
+        if (!c.valid) return false;
+        i += c.length;
+    }
+    return true;
+}
+
+/// U+FFFD REPLACEMENT CHARACTER in UTF-8.
+inline constexpr std::string_view replacement_character = "\xEF\xBF\xBD";
+
+/// `s` with each invalid UTF-8 sequence (each maximal subpart) replaced by U+FFFD, as Python's
+/// `bytes.decode("utf-8", "replace")` and the WHATWG decoder do. Valid text comes back unchanged.
+[[nodiscard]] inline std::string to_valid_utf8(std::string_view s) {
+    std::string out;
+    out.reserve(s.size());
+    for (std::size_t i = 0; i < s.size();) {
+        const utf8_step c = next_utf8(s, i);
+        if (c.valid) out.append(s.substr(i, c.length));
+        else out.append(replacement_character);
+        i += c.length;
+    }
+    return out;
+}
+
+/// A number that is not a 64-bit integer: it has a fraction or an exponent, or it is an integer
+/// beyond the range of int64 and uint64. Kept as its text, so that it writes back as it was read,
+/// and as the nearest double (±infinity or 0 beyond the double's range).
+struct real {
+    std::string text;
+    double nearest = 0;
+    bool integral = false; ///< the text has neither fraction nor exponent (an integer out of range)
+};
+
 class value;
 using array = std::vector<value>;
-/// Members in document order; lookups are linear (reports have few keys per object).
+/// Members in document order; lookups are linear (reports have few keys per object). The reader
+/// refuses a document with two members of one name in an object.
 using object = std::vector<std::pair<std::string, value>>;
 
-/// A JSON value. Numbers are doubles (exact for integers below 2^53, which byte counts are).
+/// A JSON value. Integers are held exactly: int64 for every integer in its range, uint64 for those
+/// above it; other numbers as `real`.
 /// Thread safety: a value is a plain value type. Ownership: owns its children.
 class value {
 public:
-    using storage = std::variant<std::nullptr_t, bool, double, std::string, array, object>;
+    using storage =
+        std::variant<std::nullptr_t, bool, std::int64_t, std::uint64_t, real, std::string, array, object>;
 
     value() : v_(nullptr) {}
     value(std::nullptr_t) : v_(nullptr) {}
     value(bool b) : v_(b) {}
-    value(double d) : v_(d) {}
+    template <std::integral T>
+        requires(!std::same_as<T, bool>)
+    value(T i) : v_(nullptr) {
+        if (std::in_range<std::int64_t>(i)) v_ = static_cast<std::int64_t>(i);
+        else v_ = static_cast<std::uint64_t>(i);
+    }
+    /// A finite double as its shortest round-trip text; JSON has no NaN or infinity: null.
+    value(double d) : v_(nullptr) {
+        if (!std::isfinite(d)) return;
+        char buf[32];
+        const auto end = std::to_chars(buf, buf + sizeof buf, d).ptr;
+        v_ = real{std::string(buf, end), d, false};
+    }
+    value(real r) : v_(std::move(r)) {}
     value(std::string s) : v_(std::move(s)) {}
+    value(const char* s) : v_(std::string(s)) {}
     value(array a) : v_(std::move(a)) {}
     value(object o) : v_(std::move(o)) {}
 
     [[nodiscard]] bool is_null() const noexcept { return std::holds_alternative<std::nullptr_t>(v_); }
     [[nodiscard]] bool is_bool() const noexcept { return std::holds_alternative<bool>(v_); }
-    [[nodiscard]] bool is_number() const noexcept { return std::holds_alternative<double>(v_); }
+    [[nodiscard]] bool is_number() const noexcept { return is_integer() || std::holds_alternative<real>(v_); }
+    /// An integer that int64 or uint64 holds exactly (written without fraction or exponent).
     [[nodiscard]] bool is_integer() const noexcept {
-        return is_number() && std::floor(std::get<double>(v_)) == std::get<double>(v_);
+        return std::holds_alternative<std::int64_t>(v_) || std::holds_alternative<std::uint64_t>(v_);
     }
     [[nodiscard]] bool is_string() const noexcept { return std::holds_alternative<std::string>(v_); }
     [[nodiscard]] bool is_array() const noexcept { return std::holds_alternative<array>(v_); }
@@ -61,10 +160,30 @@ public:
 
     /// Typed access; std::bad_variant_access on the wrong type.
     [[nodiscard]] bool as_bool() const { return std::get<bool>(v_); }
-    [[nodiscard]] double as_number() const { return std::get<double>(v_); }
     [[nodiscard]] const std::string& as_string() const { return std::get<std::string>(v_); }
     [[nodiscard]] const array& as_array() const { return std::get<array>(v_); }
     [[nodiscard]] const object& as_object() const { return std::get<object>(v_); }
+
+    /// The integer as T when it is an integer within T's range; nullopt otherwise (not a number,
+    /// a real, or out of T's range).
+    template <std::integral T>
+    [[nodiscard]] std::optional<T> as_integer() const noexcept {
+        if (const auto* i = std::get_if<std::int64_t>(&v_)) {
+            if (std::in_range<T>(*i)) return static_cast<T>(*i);
+        } else if (const auto* u = std::get_if<std::uint64_t>(&v_)) {
+            if (std::in_range<T>(*u)) return static_cast<T>(*u);
+        }
+        return std::nullopt;
+    }
+    /// The number as the nearest double (inexact above 2^53); std::bad_variant_access when this is
+    /// not a number.
+    [[nodiscard]] double as_number() const {
+        if (const auto* i = std::get_if<std::int64_t>(&v_)) return static_cast<double>(*i);
+        if (const auto* u = std::get_if<std::uint64_t>(&v_)) return static_cast<double>(*u);
+        return std::get<real>(v_).nearest;
+    }
+    /// The number that is not a 64-bit integer, or nullptr.
+    [[nodiscard]] const real* as_real() const noexcept { return std::get_if<real>(&v_); }
 
     /// The member `key` of an object, or nullptr (also when this is not an object).
     [[nodiscard]] const value* find(std::string_view key) const noexcept {
@@ -77,18 +196,39 @@ public:
 
     /// The JSON type name ("null", "boolean", "number", "string", "array", "object").
     [[nodiscard]] const char* type_name() const noexcept {
-        static constexpr const char* names[] = {"null", "boolean", "number", "string", "array", "object"};
+        static constexpr const char* names[] = {"null",   "boolean", "number", "number",
+                                                "number", "string",  "array",  "object"};
         return names[v_.index()];
     }
+
+    [[nodiscard]] const storage& get() const noexcept { return v_; }
 
 private:
     storage v_;
 };
 
-/// Appends the JSON string literal for `s` (quotes and escapes) to `out`.
+/// The end of the run of bytes from s[from] that a JSON string holds as they are: printable ASCII
+/// but '"' and '\\'.
+[[nodiscard]] constexpr std::size_t plain_run_end(std::string_view s, std::size_t from) noexcept {
+    while (from < s.size()) {
+        const auto b = static_cast<unsigned char>(s[from]);
+        if (b < 0x20 || b >= 0x80 || b == '"' || b == '\\') break;
+        ++from;
+    }
+    return from;
+}
+
+/// Appends the JSON string literal for `s` to `out`: quotes, escapes, and U+FFFD for each invalid
+/// UTF-8 sequence (see to_valid_utf8), so that the output is always valid JSON.
 inline void write_string(std::string& out, std::string_view s) {
     out += '"';
-    for (const char c : s) {
+    std::size_t i = 0;
+    while (i < s.size()) {
+        const std::size_t plain = plain_run_end(s, i); // out in one piece
+        out.append(s.substr(i, plain - i));
+        i = plain;
+        if (i == s.size()) break;
+        const char c = s[i];
         switch (c) {
         case '"': out += "\\\""; break;
         case '\\': out += "\\\\"; break;
@@ -97,21 +237,28 @@ inline void write_string(std::string& out, std::string_view s) {
         case '\t': out += "\\t"; break;
         default:
             if (static_cast<unsigned char>(c) < 0x20) {
-                char buf[8];
-                std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-                out += buf;
+                static constexpr char hex[] = "0123456789abcdef";
+                out += "\\u00";
+                out += hex[static_cast<unsigned char>(c) >> 4];
+                out += hex[static_cast<unsigned char>(c) & 0xF];
             } else {
-                out += c;
+                const utf8_step u = next_utf8(s, i);
+                if (u.valid) out.append(s.substr(i, u.length));
+                else out.append(replacement_character);
+                i += u.length;
+                continue;
             }
         }
+        ++i;
     }
     out += '"';
 }
 
 /// A streaming writer that emits compact JSON with one member per line at the top levels, and
 /// keeps commas right. Usage: w.begin_object(); w.field("a", 1); w.key("b"); w.begin_array(); ...
-/// Not thread-safe. Preconditions (Expects-style, not checked at run time): keys only inside
-/// objects, balanced begin/end.
+/// Strings go through write_string (invalid UTF-8 becomes U+FFFD). Keys are the caller's to keep
+/// distinct within an object. Not thread-safe. Preconditions (Expects-style, not checked at run
+/// time): keys only inside objects, balanced begin/end.
 class writer {
 public:
     void begin_object() { open('{'); }
@@ -128,15 +275,10 @@ public:
         separate();
         write_string(out_, s);
     }
-    void number(std::int64_t v) {
-        separate();
-        out_ += std::to_string(v);
-    }
-    void number(std::uint64_t v) {
-        separate();
-        out_ += std::to_string(v);
-    }
-    void number(int v) { number(static_cast<std::int64_t>(v)); }
+    void number(std::int64_t v) { integer(v); }
+    void number(std::uint64_t v) { integer(v); }
+    void number(int v) { integer(v); }
+    /// A finite double as its shortest round-trip text; NaN and infinities as null.
     void number(double v) {
         separate();
         if (!std::isfinite(v)) {
@@ -144,8 +286,7 @@ public:
             return;
         }
         char buf[32];
-        std::snprintf(buf, sizeof buf, "%.17g", v);
-        out_ += buf;
+        out_.append(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
     }
     void boolean(bool b) {
         separate();
@@ -181,31 +322,48 @@ public:
         key(k);
         boolean(v);
     }
-    /// Writes a parsed value back.
+    /// Writes a value back; what the reader parsed writes back to the same numbers and strings.
     void write(const value& v) {
-        if (v.is_null()) null();
-        else if (v.is_bool()) boolean(v.as_bool());
-        else if (v.is_integer() && std::fabs(v.as_number()) < 9.0e15) number(static_cast<std::int64_t>(v.as_number()));
-        else if (v.is_number()) number(v.as_number());
-        else if (v.is_string()) string(v.as_string());
-        else if (v.is_array()) {
-            begin_array();
-            for (const auto& e : v.as_array()) write(e);
-            end_array();
-        } else {
-            begin_object();
-            for (const auto& [k, e] : v.as_object()) {
-                key(k);
-                write(e);
-            }
-            end_object();
-        }
+        std::visit(
+            [this](const auto& x) {
+                using T = std::decay_t<decltype(x)>;
+                if constexpr (std::is_same_v<T, std::nullptr_t>) {
+                    null();
+                } else if constexpr (std::is_same_v<T, bool>) {
+                    boolean(x);
+                } else if constexpr (std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint64_t>) {
+                    integer(x);
+                } else if constexpr (std::is_same_v<T, real>) {
+                    separate();
+                    out_ += x.text;
+                } else if constexpr (std::is_same_v<T, std::string>) {
+                    string(x);
+                } else if constexpr (std::is_same_v<T, array>) {
+                    begin_array();
+                    for (const auto& e : x) write(e);
+                    end_array();
+                } else {
+                    begin_object();
+                    for (const auto& [k, e] : x) {
+                        key(k);
+                        write(e);
+                    }
+                    end_object();
+                }
+            },
+            v.get());
     }
 
     [[nodiscard]] const std::string& str() const noexcept { return out_; }
     [[nodiscard]] std::string take() noexcept { return std::move(out_); }
 
 private:
+    template <std::integral T>
+    void integer(T v) {
+        separate();
+        char buf[24];
+        out_.append(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+    }
     void open(char c) {
         separate();
         out_ += c;
@@ -239,8 +397,16 @@ private:
     bool after_key_ = false;
 };
 
-namespace detail {
+/// `text` for an error message: at most `limit` bytes of it, then how long it was.
+[[nodiscard]] inline std::string excerpt(std::string_view text, std::size_t limit = 40) {
+    if (text.size() <= limit) return std::string(text);
+    return to_valid_utf8(text.substr(0, limit)) + "... (" + std::to_string(text.size()) + " bytes)";
+}
 
+/// The reader behind parse(). Strict: RFC 8259's grammar, valid UTF-8, no lone surrogate in a
+/// \u escape, no two members of one name in an object, at most 256 levels of nesting.
+/// Complexity: O(n) in the text for objects whose names come in order (as custody writes them),
+/// O(n log n) otherwise (the duplicate check sorts each object's names).
 class parser {
 public:
     explicit parser(std::string_view text) : text_(text) {}
@@ -256,11 +422,12 @@ public:
 private:
     static constexpr int max_depth = 256;
 
-    [[noreturn]] void fail(const std::string& what) const {
-        const bool truncated = pos_ >= text_.size();
+    [[noreturn]] void fail(const std::string& what) const { fail_at(pos_, what); }
+    [[noreturn]] void fail_at(std::size_t at, const std::string& what) const {
+        const bool truncated = at >= text_.size();
         throw parse_error("json: " + (truncated ? std::string("document ends early (truncated)") : what) +
-                              " at offset " + std::to_string(pos_),
-                          pos_, truncated);
+                              " at offset " + std::to_string(at),
+                          at, truncated);
     }
     void skip_space() noexcept {
         while (pos_ < text_.size() &&
@@ -291,13 +458,14 @@ private:
         case 't': literal("true"); return value(true);
         case 'f': literal("false"); return value(false);
         case 'n': literal("null"); return value(nullptr);
-        default: return value(parse_number());
+        default: return parse_number();
         }
     }
 
     value parse_object(int depth) {
         expect('{');
         object o;
+        std::vector<std::size_t> offsets; // offsets[i]: where the name of o[i] starts
         skip_space();
         if (peek() == '}') {
             ++pos_;
@@ -306,6 +474,7 @@ private:
         for (;;) {
             skip_space();
             if (peek() != '"') fail("expected a member name");
+            offsets.push_back(pos_);
             std::string k = parse_string();
             skip_space();
             expect(':');
@@ -317,8 +486,35 @@ private:
                 continue;
             }
             expect('}');
+            check_distinct(o, offsets);
             return value(std::move(o));
         }
+    }
+
+    /// Fails at the later of two members with one name.
+    void check_distinct(const object& o, const std::vector<std::size_t>& offsets) const {
+        if (o.size() <= 8) {
+            for (std::size_t i = 1; i < o.size(); ++i)
+                for (std::size_t j = 0; j < i; ++j)
+                    if (o[i].first == o[j].first) duplicate(o[i].first, offsets[i]);
+            return;
+        }
+        bool increasing = true; // names in order, as custody writes them: nothing to sort
+        for (std::size_t i = 1; i < o.size() && increasing; ++i) increasing = o[i - 1].first < o[i].first;
+        if (increasing) return;
+        std::vector<std::size_t> order(o.size());
+        for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+            return o[a].first != o[b].first ? o[a].first < o[b].first : a < b;
+        });
+        for (std::size_t i = 1; i < order.size(); ++i) {
+            if (o[order[i]].first == o[order[i - 1]].first) duplicate(o[order[i]].first, offsets[order[i]]);
+        }
+    }
+    [[noreturn]] void duplicate(const std::string& name, std::size_t at) const {
+        std::string quoted;
+        write_string(quoted, excerpt(name));
+        fail_at(at, "duplicate member " + quoted);
     }
 
     value parse_array(int depth) {
@@ -364,30 +560,57 @@ private:
         std::uint32_t v = 0;
         for (int i = 0; i < 4; ++i) {
             const char c = peek();
-            ++pos_;
             v <<= 4;
             if (c >= '0' && c <= '9') v |= static_cast<std::uint32_t>(c - '0');
             else if (c >= 'a' && c <= 'f') v |= static_cast<std::uint32_t>(c - 'a' + 10);
             else if (c >= 'A' && c <= 'F') v |= static_cast<std::uint32_t>(c - 'A' + 10);
             else fail("invalid \\u escape");
+            ++pos_;
         }
         return v;
+    }
+
+    /// The code point of a \u escape whose 'u' is at pos_; a surrogate pair gives one code point.
+    std::uint32_t unicode_escape() {
+        const std::size_t at = pos_ - 1;
+        ++pos_;
+        const std::uint32_t cp = hex4();
+        if (cp >= 0xDC00 && cp < 0xE000) fail_at(at, "a low surrogate without its high half");
+        if (cp < 0xD800 || cp >= 0xDC00) return cp;
+        if (peek() != '\\') fail_at(at, "a high surrogate without its low half");
+        ++pos_;
+        if (peek() != 'u') fail_at(at, "a high surrogate without its low half");
+        ++pos_;
+        const std::uint32_t low = hex4();
+        if (low < 0xDC00 || low >= 0xE000) fail_at(at, "a high surrogate without its low half");
+        return 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
     }
 
     std::string parse_string() {
         expect('"');
         std::string s;
         for (;;) {
+            const std::size_t plain = plain_run_end(text_, pos_); // in in one piece
+            s.append(text_.substr(pos_, plain - pos_));
+            pos_ = plain;
             const char c = peek();
-            ++pos_;
-            if (c == '"') return s;
+            if (c == '"') {
+                ++pos_;
+                return s;
+            }
             if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
             if (c != '\\') {
-                s += c;
+                const utf8_step u = next_utf8(text_, pos_);
+                if (!u.valid) {
+                    if (pos_ + u.length >= text_.size()) fail_at(text_.size(), ""); // cut inside a character
+                    fail("invalid UTF-8 in a string");
+                }
+                s.append(text_.substr(pos_, u.length));
+                pos_ += u.length;
                 continue;
             }
-            const char e = peek();
             ++pos_;
+            const char e = peek();
             switch (e) {
             case '"': s += '"'; break;
             case '\\': s += '\\'; break;
@@ -397,44 +620,86 @@ private:
             case 'n': s += '\n'; break;
             case 'r': s += '\r'; break;
             case 't': s += '\t'; break;
-            case 'u': {
-                std::uint32_t cp = hex4();
-                if (cp >= 0xD800 && cp < 0xDC00) {
-                    expect('\\');
-                    expect('u');
-                    const std::uint32_t low = hex4();
-                    if (low < 0xDC00 || low >= 0xE000) fail("invalid surrogate pair");
-                    cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-                }
-                append_utf8(s, cp);
-                break;
-            }
+            case 'u': append_utf8(s, unicode_escape()); continue;
             default: fail("invalid escape");
             }
+            ++pos_;
         }
     }
 
-    double parse_number() {
+    /// A number token: an integer that int64 or uint64 holds becomes one; anything else a real.
+    value parse_number() {
         const std::size_t start = pos_;
-        if (peek() == '-') ++pos_;
+        const bool negative = peek() == '-';
+        if (negative) ++pos_;
         if (!digit()) fail("invalid value");
         if (text_[pos_] == '0') ++pos_;
         else while (pos_ < text_.size() && digit()) ++pos_;
+        const std::size_t integer_end = pos_;
+        bool integral = true;
         if (pos_ < text_.size() && text_[pos_] == '.') {
+            integral = false;
             ++pos_;
             if (!digit()) fail("invalid number");
             while (pos_ < text_.size() && digit()) ++pos_;
         }
+        std::size_t exponent_start = pos_;
         if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
+            integral = false;
             ++pos_;
+            exponent_start = pos_;
             if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
             if (!digit()) fail("invalid number");
             while (pos_ < text_.size() && digit()) ++pos_;
         }
         // A number at the very end of the text may itself be cut short; the caller's structure
         // check (an unclosed container) reports that as truncation.
-        return std::strtod(std::string(text_.substr(start, pos_ - start)).c_str(), nullptr);
+        const std::string_view token = text_.substr(start, pos_ - start);
+        const char* first = token.data();
+        const char* last = token.data() + token.size();
+        if (integral) {
+            if (negative) {
+                std::int64_t i = 0;
+                if (const auto r = std::from_chars(first, last, i); r.ec == std::errc() && r.ptr == last) return value(i);
+            } else {
+                std::uint64_t u = 0;
+                if (const auto r = std::from_chars(first, last, u); r.ec == std::errc() && r.ptr == last) return value(u);
+            }
+        }
+        double nearest = 0;
+        const auto r = std::from_chars(first, last, nearest);
+        if (r.ec == std::errc::result_out_of_range) {
+            nearest = overflows(token, integer_end - start, exponent_start - start, integral)
+                          ? std::numeric_limits<double>::infinity()
+                          : 0.0;
+            if (negative) nearest = -nearest;
+        }
+        return value(real{std::string(token), nearest, integral});
     }
+
+    /// Whether a token that a double cannot hold is too large (rather than too small): its decimal
+    /// magnitude (digits before the point, less leading zeros, plus the exponent) is positive.
+    static bool overflows(std::string_view token, std::size_t integer_end, std::size_t exponent_start, bool integral) {
+        if (integral) return true;
+        std::size_t i = token[0] == '-' ? 1 : 0;
+        long long magnitude = 0;
+        if (token[i] != '0') {
+            magnitude = static_cast<long long>(integer_end - i);
+        } else {
+            // 0.000ddd: minus the zeros after the point
+            if (integer_end < token.size() && token[integer_end] == '.')
+                for (std::size_t k = integer_end + 1; k < token.size() && token[k] == '0'; ++k) --magnitude;
+        }
+        if (exponent_start < token.size()) {
+            bool minus = token[exponent_start] == '-';
+            std::size_t k = exponent_start + (token[exponent_start] == '-' || token[exponent_start] == '+' ? 1 : 0);
+            long long exponent = 0;
+            for (; k < token.size(); ++k) exponent = std::min<long long>(exponent * 10 + (token[k] - '0'), 1LL << 40);
+            magnitude += minus ? -exponent : exponent;
+        }
+        return magnitude > 0;
+    }
+
     bool digit() const {
         const char c = peek();
         return c >= '0' && c <= '9';
@@ -444,9 +709,7 @@ private:
     std::size_t pos_ = 0;
 };
 
-} // namespace detail
-
 /// Parses one JSON document; throws parse_error (with truncated() for a document cut short).
-[[nodiscard]] inline value parse(std::string_view text) { return detail::parser(text).document(); }
+[[nodiscard]] inline value parse(std::string_view text) { return parser(text).document(); }
 
-} // namespace custody::debug::json
+} // namespace custody::debug::detail::json

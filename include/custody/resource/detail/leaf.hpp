@@ -26,9 +26,20 @@ namespace custody::resource::detail {
 /// throw. Exhaustion is nullptr; any other failure (a broken driver) throws custody::cuda_error,
 /// which try_allocate turns into nullptr.
 ///
-/// Thread safety: as Derived's raw functions; the statistics are lock-free and exact.
+/// Thread safety: as Derived's raw functions; the statistics are lock-free.
 /// Equality: two leaves are equal when they are the same object, or when `Derived::interchangeable`
 /// and they are bound to the same device (memory from one may be given back to the other).
+///
+/// Statistics are per instance: what went through this object.
+///   allocations   = allocation calls this instance served (exact, never decreases)
+///   deallocations = non-null blocks given back through this instance (exact, never decreases)
+///   live_bytes    = bytes handed out here - bytes given back here, never below 0
+///   reserved_bytes == live_bytes (a leaf holds nothing beyond its live blocks)
+/// The live figures are exact while each block comes back to the instance that handed it out. A
+/// block given back to another, equal instance lowers that instance's live figures down to zero at
+/// most (they never wrap) and leaves the giver's as they were: neither can know where the block was
+/// counted. Code that moves blocks between equal leaves and reads their statistics should read the
+/// allocation and deallocation counts, or keep one instance per device.
 template <class Derived, class Platform>
 class leaf {
 public:

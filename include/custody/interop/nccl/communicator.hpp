@@ -1,11 +1,13 @@
 /// @file
-/// NCCL communicators as owning handles, the all-gather that lets bind_device check device claims
-/// over a communicator, and GPU identities (UUIDs) for that check.
+/// NCCL communicators as owning handles that claim their GPU before NCCL sees it, the all-gather
+/// that lets bind_device check device claims over a communicator, and GPU identities (UUIDs).
 #pragma once
 
 #include <custody/core/error.hpp>
-#include <custody/interop/bind_device.hpp>
 #include <custody/core/rank.hpp>
+#include <custody/interop/bind_device.hpp>
+#include <custody/interop/device_lock.hpp>
+#include <custody/interop/nccl/detail/all_gather.hpp>
 #include <custody/platform/cuda.hpp>
 
 #include <cuda_runtime_api.h>
@@ -13,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <new>
 #include <string>
 #include <utility>
@@ -44,17 +47,26 @@ namespace custody::interop::nccl {
 
 /// An owning NCCL communicator on one device.
 ///
-/// Construction is collective (ncclCommInitRank: every rank of `world_size` must construct its own
-/// with the same id) and runs with `device` current, restoring the caller's device. Destruction
-/// calls ncclCommDestroy on that device; failures there are reported through custody's callback,
-/// never thrown.
+/// Construction first claims the device for this process (a device_lock on the GPU's UUID, see
+/// interop/device_lock.hpp): a second process of the host on the same GPU fails at once with
+/// duplicate_device_error naming both ranks and the holder's process, before ncclCommInitRank
+/// (which would fail with "Duplicate GPU detected", or wait for the missing rank). The ranks that
+/// got their claim wait in ncclCommInitRank until the launcher stops them. Several communicators of
+/// one process on one GPU share the claim. Then ncclCommInitRank is collective (every rank of
+/// `world_size` must construct its own with the same id) and runs with `device` current, restoring
+/// the caller's device. Destruction calls ncclCommDestroy on that device, then drops the claim;
+/// failures there are reported through custody's callback, never thrown.
 /// Ownership: move-only; a moved-from communicator owns nothing (get() == nullptr).
 /// Thread safety: as NCCL's: one communicator must not be used by two threads at once.
 /// Stream semantics: collectives run on the stream the caller passes to NCCL.
 class communicator {
 public:
-    /// Joins the communicator `id` as `rank` of `world_size`, on `device`. Throws nccl_error.
-    communicator(const ncclUniqueId& id, int rank, int world_size, int device) : device_(device) {
+    /// Joins the communicator `id` as `rank` of `world_size`, on `device`. Throws
+    /// duplicate_device_error when another process of the host holds the GPU, rank_error when the
+    /// claim cannot be taken (device_lock_options), nccl_error / cuda_error.
+    communicator(const ncclUniqueId& id, int rank, int world_size, int device,
+                 const device_lock_options& lock_options = {})
+        : lock_(device_lock::claim(device_uuid(device), rank, device, lock_options)), device_(device) {
         custody::cuda::device_guard guard(device);
         CUSTODY_NCCL_TRY(ncclCommInitRank(&comm_, world_size, id, rank));
         rank_ = rank;
@@ -62,10 +74,11 @@ public:
     }
 
     /// Joins as described by `rank` (rank and world size), on `device`.
-    communicator(const ncclUniqueId& id, const rank_info& rank, int device)
-        : communicator(id, rank.rank, rank.world_size, device) {}
+    communicator(const ncclUniqueId& id, const rank_info& rank, int device, const device_lock_options& lock_options = {})
+        : communicator(id, rank.rank, rank.world_size, device, lock_options) {}
 
-    /// Takes ownership of an initialized `comm` (which must have been made on `device`).
+    /// Takes ownership of an initialized `comm` (which must have been made on `device`). Claims
+    /// nothing: NCCL has already seen the device.
     static communicator adopt(ncclComm_t comm, int device) {
         communicator c;
         c.comm_ = comm;
@@ -76,10 +89,12 @@ public:
     }
 
     communicator(communicator&& other) noexcept
-        : comm_(std::exchange(other.comm_, nullptr)), device_(other.device_), rank_(other.rank_), size_(other.size_) {}
+        : lock_(std::move(other.lock_)), comm_(std::exchange(other.comm_, nullptr)), device_(other.device_),
+          rank_(other.rank_), size_(other.size_) {}
     communicator& operator=(communicator&& other) noexcept {
         if (this != &other) {
             reset();
+            lock_ = std::move(other.lock_);
             comm_ = std::exchange(other.comm_, nullptr);
             device_ = other.device_;
             rank_ = other.rank_;
@@ -96,7 +111,11 @@ public:
     [[nodiscard]] int rank() const noexcept { return rank_; }
     [[nodiscard]] int size() const noexcept { return size_; }
 
-    /// Gives up ownership: the caller destroys the returned communicator.
+    /// The claim on the device (empty for an adopted communicator).
+    [[nodiscard]] const device_lock& claim() const noexcept { return lock_; }
+
+    /// Gives up ownership: the caller destroys the returned communicator. The claim on the device
+    /// stays with this handle until it is destroyed.
     [[nodiscard]] ncclComm_t release() noexcept { return std::exchange(comm_, nullptr); }
 
 private:
@@ -110,6 +129,7 @@ private:
         comm_ = nullptr;
     }
 
+    device_lock lock_; // declared first: released after the communicator is destroyed
     ncclComm_t comm_ = nullptr;
     int device_ = -1;
     int rank_ = -1;
@@ -117,32 +137,19 @@ private:
 };
 
 /// All-gathers device claims over a communicator (one ncclAllGather of sizeof(device_claim) bytes
-/// per rank through a temporary device buffer on the communicator's device), for bind_device.
+/// per rank through temporary device memory on the communicator's device), for bind_device.
 /// Collective; blocks until the gather has finished. Thread safety: as the communicator.
 class claim_exchange_over {
 public:
     explicit claim_exchange_over(communicator& comm) noexcept : comm_(&comm) {}
 
     std::vector<device_claim> all_gather(const device_claim& mine) {
-        constexpr std::size_t bytes = sizeof(device_claim);
-        const auto n = static_cast<std::size_t>(comm_->size());
-        custody::cuda::device_guard guard(comm_->device());
         custody::cuda::stream stream(comm_->device());
-        void* buffer = nullptr;
-        CUSTODY_CUDA_TRY(cudaMalloc(&buffer, bytes * (n + 1)));
-        std::vector<device_claim> all(n);
-        try {
-            auto* base = static_cast<char*>(buffer);
-            CUSTODY_CUDA_TRY(cudaMemcpyAsync(base + bytes * n, &mine, bytes, cudaMemcpyHostToDevice, stream.view().get()));
-            CUSTODY_NCCL_TRY(ncclAllGather(base + bytes * n, base, bytes, ncclChar, comm_->get(), stream.view().get()));
-            CUSTODY_CUDA_TRY(cudaMemcpyAsync(all.data(), base, bytes * n, cudaMemcpyDeviceToHost, stream.view().get()));
-            custody::cuda::platform::synchronize(stream.view());
-        } catch (...) {
-            custody::cuda::platform::synchronize(stream.view());
-            CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaFree(buffer));
-            throw;
-        }
-        CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaFree(buffer));
+        std::vector<char> slot(sizeof(device_claim));
+        std::memcpy(slot.data(), &mine, sizeof mine);
+        const std::vector<char> bytes = detail::all_gather_bytes(slot, comm_->get(), stream.view().get());
+        std::vector<device_claim> all(bytes.size() / sizeof(device_claim));
+        std::memcpy(all.data(), bytes.data(), all.size() * sizeof(device_claim));
         return all;
     }
 

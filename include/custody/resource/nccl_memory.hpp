@@ -1,6 +1,6 @@
 /// @file
 /// `nccl_memory`: device memory from ncclMemAlloc, the allocation NCCL can register for zero-copy
-/// user buffers (NVLink SHARP, user-buffer registration), as a custody leaf resource.
+/// user buffers (NVLink SHARP, user-buffer registration), bound to one device (NCCL builds only).
 #pragma once
 
 #include <custody/core/concepts.hpp>
@@ -16,7 +16,7 @@
 #include <new>
 #include <source_location>
 
-namespace custody::interop::nccl {
+namespace custody::resource {
 
 /// Memory of one CUDA device from ncclMemAlloc / ncclMemFree. Use it as the upstream of a pool so
 /// that the buffers handed to collectives can be registered with ncclCommRegister.
@@ -34,17 +34,17 @@ namespace custody::interop::nccl {
 /// alignments up to 4096 are accepted.
 /// Equality: interchangeable per device (ncclMemFree frees any ncclMemAlloc block).
 /// Complexity: that of ncclMemAlloc (a VMM reservation and mapping: microseconds to milliseconds).
-class nccl_memory final : public custody::resource::detail::synchronous_cuda_leaf<nccl_memory> {
+class nccl_memory final : public detail::synchronous_cuda_leaf<nccl_memory> {
 public:
     static constexpr const char* name = "nccl_memory";
     static constexpr std::size_t max_alignment = custody::max_alignment;
     static constexpr bool interchangeable = true;
 
     /// Memory of `device` (by default the calling thread's current device).
-    explicit nccl_memory(int device = custody::cuda::current_device()) noexcept : synchronous_cuda_leaf(device) {}
+    explicit nccl_memory(int device = cuda::current_device()) noexcept : synchronous_cuda_leaf(device) {}
 
     void* raw_allocate_sync(std::size_t bytes, std::size_t) {
-        custody::cuda::device_guard guard(device());
+        cuda::device_guard guard(device());
         void* ptr = nullptr;
         const ncclResult_t status = ncclMemAlloc(&ptr, bytes);
         if (status == ncclSuccess) return ptr;
@@ -54,7 +54,7 @@ public:
                                           std::source_location::current());
     }
     void raw_deallocate_sync(void* ptr, std::size_t, std::size_t) noexcept {
-        custody::cuda::device_guard guard(device(), std::nothrow);
+        cuda::device_guard guard(device(), std::nothrow);
         const ncclResult_t status = ncclMemFree(ptr);
         if (status != ncclSuccess) report_noexcept_failure("ncclMemFree", ncclGetErrorString(status));
     }
@@ -66,4 +66,4 @@ static_assert(try_allocatable_resource<nccl_memory>);
 static_assert(resource_with_statistics<nccl_memory>);
 static_assert(has_property<nccl_memory, device_accessible> && !has_property<nccl_memory, host_accessible>);
 
-} // namespace custody::interop::nccl
+} // namespace custody::resource

@@ -1,0 +1,189 @@
+// Call-stack frames: the text a report holds (written and read back, hostile text refused), and,
+// when built with libdw, symbolization to function, file and line in the process and offline from
+// module and offset.
+#include <custody/debug/detail/call_stack.hpp>
+#include <custody/debug/tracking_resource.hpp>
+#include <custody/resource/host_memory.hpp>
+
+#include "../support/catch.hpp"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+using namespace custody;
+using namespace custody::debug;
+using namespace custody::debug::detail;
+
+namespace custody_test_symbolize {
+
+// Lines the tests below expect in their stacks (kept next to the calls they name).
+constexpr unsigned capture_line = __LINE__ + 3;
+[[gnu::noinline]] call_stack capture_here() {
+    call_stack s;
+    s = call_stack::capture(1);
+    asm volatile("" ::: "memory"); // no tail call: this frame stays on the stack
+    return s;
+}
+
+using tracker = tracking_resource<resource::host_memory>;
+constexpr unsigned allocate_line = __LINE__ + 2;
+[[gnu::noinline]] void* allocate_here(tracker& t) {
+    void* p = t.allocate({}, 64, 16);
+    asm volatile("" ::: "memory");
+    return p;
+}
+
+} // namespace custody_test_symbolize
+
+namespace {
+
+using custody_test_symbolize::allocate_here;
+using custody_test_symbolize::capture_here;
+
+std::string this_file() { return std::filesystem::path(__FILE__).filename().string(); }
+
+} // namespace
+
+TEST_CASE("a frame's module and offset are read back from its text", "[debug][stack]") {
+    code_location at;
+    at.module = "/opt/my app+v2/bin/serve";
+    at.offset = 0x1f2e3d;
+    at.symbol = "serve::step";
+    at.symbol_offset = 0x2a;
+    source_frame f{"serve::step", "/src/serve.cpp", 42, false};
+
+    const std::string full = frame_text(f, at);
+    CHECK(full == "/src/serve.cpp:42 in serve::step [/opt/my app+v2/bin/serve+0x1f2e3d]");
+    CHECK_FALSE(is_unsymbolized(full));
+    const std::string plain = unsymbolized_text(at);
+    CHECK(plain == "unsymbolized serve::step+0x2a [/opt/my app+v2/bin/serve+0x1f2e3d]");
+    CHECK(is_unsymbolized(plain));
+    for (const std::string& text : {full, plain}) {
+        const auto back = frame_location(text);
+        REQUIRE(back.has_value());
+        CHECK(back->module == at.module);
+        CHECK(back->offset == at.offset);
+    }
+    const auto unknown = frame_location(unsymbolized_text(code_location{"", 0x7f00, "", 0}));
+    REQUIRE(unknown.has_value());
+    CHECK(unknown->module.empty());
+    CHECK(unknown->offset == 0x7f00);
+}
+
+TEST_CASE("frame text from an untrusted report gives a location or nothing", "[debug][stack]") {
+    for (const char* text : {"", "]", "[]", "[+0x1]", "unsymbolized [a+0x]", "unsymbolized [a+0xzz]",
+                             "unsymbolized [a+0x12345678901234567]", "unsymbolized a+0x10]", "x [a+0x10] tail",
+                             "unsymbolized [a-0x10]", "unsymbolized x[a+0x10]"}) {
+        INFO(text);
+        CHECK_FALSE(frame_location(text).has_value());
+    }
+    CHECK_FALSE(is_unsymbolized("unsymbolizedX [a+0x1]"));
+}
+
+TEST_CASE("function names lose their parameters, and long ones their template arguments", "[debug][stack]") {
+    CHECK(short_function_name("inference::remember_kv_page(int, std::vector<int>&)") == "inference::remember_kv_page");
+    CHECK(short_function_name("ns::type::operator()(int) const") == "ns::type::operator()");
+    CHECK(short_function_name("main") == "main");
+    const std::string long_name = "custody::debug::tracking_resource<custody::resource::virtual_device_memory, "
+                                  "custody::host::platform>::allocate(custody::host::stream_view, unsigned long)";
+    CHECK(short_function_name(long_name) == "custody::debug::tracking_resource<...>::allocate");
+}
+
+TEST_CASE("a stack of custody's own frames only is kept whole", "[debug][stack]") {
+    const std::vector<named_frame> own{{"custody::a", "a"}, {"custody::b", "b"}};
+    CHECK(application_first(own) == std::vector<std::string>{"a", "b"});
+    const std::vector<named_frame> mixed{{"custody::a", "a"}, {"app::f", "f"}, {"custody::b", "b"}};
+    CHECK(application_first(mixed) == std::vector<std::string>{"f", "b"});
+}
+
+TEST_CASE("module paths from a report: only regular files are opened", "[debug][stack]") {
+    symbolizer s;
+    CHECK(s.frames_at("/dev/zero", 0x1000).empty());     // a device: never opened
+    CHECK(s.frames_at("/", 0x1000).empty());             // a directory
+    CHECK(s.frames_at("/nonexistent/x", 0x1000).empty()); // missing
+    const std::string text = (std::filesystem::temp_directory_path() / "custody-not-elf.txt").string();
+    std::ofstream(text) << "not an ELF file\n";
+    CHECK(s.frames_at(text, 0x10).empty()); // readable, but not ELF
+    std::remove(text.c_str());
+}
+
+TEST_CASE("a captured stack reads function, file and line, or says it is unsymbolized", "[debug][stack]") {
+    const call_stack stack = capture_here();
+    REQUIRE_FALSE(stack.empty());
+    const std::vector<std::string> lines = stack.symbolize();
+    REQUIRE_FALSE(lines.empty());
+    INFO(lines.front());
+    if constexpr (symbolizer::available) {
+        CHECK_THAT(lines.front(), custody_test::contains(this_file() + ":" + std::to_string(custody_test_symbolize::capture_line) +
+                                                         " in custody_test_symbolize::capture_here ["));
+    } else {
+        CHECK(is_unsymbolized(lines.front()));
+    }
+    // Every line names its module and offset, so it can be symbolized again elsewhere.
+    for (const auto& line : lines) CHECK(frame_location(line).has_value());
+}
+
+TEST_CASE("a leak report starts at the application's call, with its file and line", "[debug][stack][leak]") {
+    tracking_options o;
+    o.name = "stacks";
+    o.rank = make_rank(0, 0, 1);
+    o.on_leak = policy::ignore;
+    o.capture_stacks = true;
+    custody_test_symbolize::tracker t(o);
+    void* p = allocate_here(t);
+    const leak_report r = t.leaks();
+    REQUIRE(r.groups.size() == 1);
+    REQUIRE_FALSE(r.groups[0].stack.empty());
+    const std::string& first = r.groups[0].stack.front();
+    INFO(first);
+    if constexpr (symbolizer::available) {
+        CHECK_THAT(first, custody_test::contains(this_file() + ":" + std::to_string(custody_test_symbolize::allocate_line) +
+                                                 " in custody_test_symbolize::allocate_here ["));
+        for (const auto& line : r.groups[0].stack) CHECK(line.find(" in custody::") == std::string::npos);
+    }
+    t.deallocate({}, p, 64, 16);
+}
+
+TEST_CASE("offline: unsymbolized lines are symbolized from module and offset", "[debug][stack]") {
+    const call_stack stack = capture_here();
+    std::vector<std::string> plain;
+    for (code_location at : stack.locations()) { // as a build without libdw writes them
+        name_symbol(at);
+        plain.push_back(unsymbolized_text(at));
+    }
+    const std::vector<std::string> live = stack.symbolize();
+
+    symbolizer s;
+    std::vector<std::string> offline = plain;
+    const std::size_t left = symbolize_lines(s, offline);
+    if constexpr (symbolizer::available) {
+        CHECK(offline == live);
+        CHECK(left < plain.size());
+    } else {
+        CHECK(offline == plain);
+        CHECK(left == plain.size());
+    }
+
+    // A module that moved (another machine's path): found by file name in a search directory.
+    // (The stack's first frames may be custody's or a sanitizer's: the test program's frames all move.)
+    const std::filesystem::path module(executable_path());
+    const std::string moved = "/nonexistent/elsewhere/" + module.filename().string();
+    std::vector<std::string> from_elsewhere;
+    for (code_location at : stack.locations()) {
+        if (at.module == module.string()) at.module = moved;
+        from_elsewhere.push_back(unsymbolized_text(at));
+    }
+    symbolizer searching({module.parent_path().string()});
+    CHECK(searching.find_file(moved) == module.string());
+    symbolize_lines(searching, from_elsewhere);
+    if constexpr (symbolizer::available) {
+        CHECK_THAT(from_elsewhere.front(), custody_test::contains("in custody_test_symbolize::capture_here [" + moved));
+    }
+    // Lines that are not unsymbolized are kept as they are.
+    std::vector<std::string> other{"something else", "app.cpp:3 in f [/x+0x1]"};
+    CHECK(symbolize_lines(s, other) == 0);
+    CHECK(other == std::vector<std::string>{"something else", "app.cpp:3 in f [/x+0x1]"});
+}
