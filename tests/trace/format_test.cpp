@@ -230,6 +230,29 @@ TEST_CASE("the reader names each kind of malformed input", "[trace][format][erro
         CHECK(failure_of(good + "x") == reason::malformed);
         CHECK_THAT(message_of(good + "x"), custody_test::contains("after the end record"));
     }
+    SECTION("a bad record between events names the event it follows, one inside an event names that event") {
+        const std::string between = raw(std::string("\x10\x00\x00\x40\x00\x00", 6)); // event 1, then tag 0x00
+        CHECK(failure_of(between) == reason::malformed);
+        CHECK_THAT(message_of(between), custody_test::contains("(after event 1)"));
+        const std::string inside = raw(std::string("\x10\x00\x00\x40\x00\x10\x40", 7)); // event 2: bad bit
+        CHECK_THAT(message_of(inside), custody_test::contains("(event 2)"));
+    }
+    SECTION("huge counts and indices are refused without sizing anything by them") {
+        std::string end_count = "\x7f";
+        custody::trace::detail::put_varint(end_count, ~std::uint64_t{0});
+        CHECK(failure_of(raw(end_count)) == reason::malformed);
+        CHECK_THAT(message_of(raw(end_count)), custody_test::contains("counts 18446744073709551615 events"));
+        std::string thread = "\x02";
+        custody::trace::detail::put_varint(thread, std::uint64_t{1} << 63);
+        CHECK(failure_of(raw(thread)) == reason::malformed);
+        std::string name = "\x03\x01";
+        custody::trace::detail::put_varint(name, ~std::uint64_t{0});
+        CHECK_THAT(message_of(raw(name)), custody_test::contains("limit of 1 MiB"));
+        std::string stream = std::string("\x10\x02\x00", 3); // an event on stream 2^64 - 1
+        custody::trace::detail::put_varint(stream, ~std::uint64_t{0});
+        stream += std::string("\x40\x00\x7f\x00", 4);
+        CHECK(failure_of(raw(stream)) == reason::malformed); // the end record counts 0 events, not 1
+    }
     SECTION("a file that does not exist, a directory") {
         custody_test::temp_dir dir;
         try {

@@ -75,7 +75,7 @@ private:
     }
 
     [[noreturn]] void fail(trace_error::reason why, const std::string& what) const {
-        throw trace_error(why, name_, record_start_, events_ + (in_event_ ? 1 : 0), what);
+        throw trace_error(why, name_, record_start_, events_ + (in_event_ ? 1 : 0), what, !in_event_ && events_ != 0);
     }
 
     /// Refills the buffer; false at the end of the input.

@@ -11,7 +11,9 @@
 namespace custody::trace {
 
 /// A trace that cannot be read (or a file that cannot be written). Typed by `reason`; the message
-/// names the file, the byte offset and the event (its sequence number) where reading stopped.
+/// names the file, the byte offset and the event (its sequence number) where reading stopped: "(event
+/// N)" when the bad bytes are inside event N's record, "(after event N)" when they are in a record
+/// that follows it.
 class trace_error final : public custody::error {
 public:
     enum class reason {
@@ -22,16 +24,20 @@ public:
         malformed,           ///< a record that breaks the format (docs/trace-format.md)
     };
 
-    trace_error(reason why, std::string file, std::uint64_t offset, std::uint64_t event, const std::string& what)
-        : custody::error(make_message(why, file, offset, event, what)), reason_(why), file_(std::move(file)),
-          offset_(offset), event_(event) {}
+    trace_error(reason why, std::string file, std::uint64_t offset, std::uint64_t event, const std::string& what,
+                bool after_event = false)
+        : custody::error(make_message(why, file, offset, event, after_event, what)), reason_(why),
+          file_(std::move(file)), offset_(offset), event_(event), after_event_(after_event) {}
 
     [[nodiscard]] reason why() const noexcept { return reason_; }
     [[nodiscard]] const std::string& file() const noexcept { return file_; }
     /// The byte offset in the file where the offending record starts.
     [[nodiscard]] std::uint64_t offset() const noexcept { return offset_; }
-    /// The sequence number of the event being read (0 before the first event).
+    /// The sequence number of the event being read, or of the last one read when after_event() (0
+    /// before the first event).
     [[nodiscard]] std::uint64_t event() const noexcept { return event_; }
+    /// Whether reading stopped in a record after event(), rather than inside it.
+    [[nodiscard]] bool after_event() const noexcept { return after_event_; }
 
     [[nodiscard]] static constexpr std::string_view reason_name(reason r) noexcept {
         switch (r) {
@@ -46,14 +52,14 @@ public:
 
 private:
     static std::string make_message(reason why, const std::string& file, std::uint64_t offset, std::uint64_t event,
-                                    const std::string& what) {
+                                    bool after_event, const std::string& what) {
         std::string m = "trace";
         if (!file.empty()) m += " '" + file + "'";
         m += ": ";
         m += reason_name(why);
         if (why != reason::cannot_open) {
             m += " at byte " + std::to_string(offset);
-            if (event != 0) m += " (event " + std::to_string(event) + ")";
+            if (event != 0) m += (after_event ? " (after event " : " (event ") + std::to_string(event) + ")";
         }
         m += ": " + what;
         return m;
@@ -63,6 +69,7 @@ private:
     std::string file_;
     std::uint64_t offset_;
     std::uint64_t event_;
+    bool after_event_;
 };
 
 } // namespace custody::trace
