@@ -4,6 +4,7 @@
 #include "../support/catch.hpp"
 #include "support.hpp"
 
+#include "replay/adaptors.hpp"
 #include "replay/address_space.hpp"
 #include "replay/allocator_spec.hpp"
 #include "replay/allocators.hpp"
@@ -20,6 +21,7 @@
 
 #include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -188,6 +190,23 @@ TEST_CASE("an allocator that runs out fails those requests and goes on", "[repla
     CHECK(m.first_failure == std::optional<std::size_t>(1));
     CHECK_THAT(m.failure_message, custody_test::contains("out of memory"));
     CHECK(m.peak_reserved == MiB); // 1 MiB; the 512 KiB come after it is freed
+}
+
+TEST_CASE("malloc's reserved bytes count the free heap it already held: never below what is live", "[replay][measure]") {
+    // Leave free space in malloc's heap: many small blocks freed, with one kept above them so
+    // that the heap is not trimmed.
+    std::vector<void*> earlier;
+    for (int i = 0; i < 512; ++i) earlier.push_back(std::malloc(1024));
+    void* keep = std::malloc(1024);
+    for (void* p : earlier) std::free(p);
+    {
+        custody::replay::malloc_adaptor a;
+        std::vector<void*> live;
+        for (int i = 0; i < 256; ++i) live.push_back(a.allocate(0, 1024, 16));
+        CHECK(a.reserved() >= 256 * 1024);
+        for (void* p : live) a.deallocate(0, p, 1024, 16);
+    }
+    std::free(keep);
 }
 
 TEST_CASE("the reference allocator's reserved bytes count at the op they come before", "[replay][program]") {

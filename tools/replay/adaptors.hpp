@@ -89,24 +89,31 @@ private:
 
 namespace detail {
 
-/// What glibc's malloc holds from the system now: its heap (arena) and its mmapped chunks.
-inline std::uint64_t malloc_held() noexcept {
+/// What glibc's malloc holds from the system now (its heap and its mmapped chunks: `held`) and
+/// how much of it is handed out (`in_use`).
+struct malloc_bytes {
+    std::uint64_t held = 0;
+    std::uint64_t in_use = 0;
+};
+inline malloc_bytes malloc_now() noexcept {
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
     const struct mallinfo2 m = ::mallinfo2();
-    return static_cast<std::uint64_t>(m.arena) + static_cast<std::uint64_t>(m.hblkhd);
+    return {static_cast<std::uint64_t>(m.arena) + static_cast<std::uint64_t>(m.hblkhd),
+            static_cast<std::uint64_t>(m.uordblks) + static_cast<std::uint64_t>(m.hblkhd)};
 #else
-    return 0;
+    return {};
 #endif
 }
 
 } // namespace detail
 
 /// glibc malloc (posix_memalign above 16-byte alignment). Streams are ignored. Reserved: what
-/// malloc holds from the system (mallinfo2's arena + mmapped bytes) above what it held when the
-/// adaptor was built, so the replay tool's own memory is left out as far as possible.
+/// malloc holds from the system (mallinfo2's arena + mmapped bytes) less what was handed out when
+/// the adaptor was built, so the replay tool's own memory is left out while the free heap malloc
+/// already held counts as what it is, malloc's cache (reserved >= live).
 class malloc_adaptor {
 public:
-    malloc_adaptor() noexcept : baseline_(detail::malloc_held()) {}
+    malloc_adaptor() noexcept : baseline_(detail::malloc_now().in_use) {}
 
     void* allocate(std::uint16_t, std::uint64_t bytes, std::size_t alignment) noexcept {
         void* p = nullptr;
@@ -120,7 +127,7 @@ public:
     }
     void deallocate(std::uint16_t, void* p, std::uint64_t, std::size_t) noexcept { std::free(p); }
     [[nodiscard]] std::uint64_t reserved() const noexcept {
-        const std::uint64_t held = detail::malloc_held();
+        const std::uint64_t held = detail::malloc_now().held;
         return held > baseline_ ? held - baseline_ : 0;
     }
     [[nodiscard]] std::optional<std::uint64_t> largest_free() const noexcept { return std::nullopt; }
@@ -129,7 +136,7 @@ public:
     [[nodiscard]] const std::string& failure() const noexcept { return failure_; }
 
 private:
-    std::uint64_t baseline_;
+    std::uint64_t baseline_; // bytes handed out when the adaptor was built
     std::string failure_;
 };
 
