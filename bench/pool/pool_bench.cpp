@@ -13,6 +13,8 @@
 //                           peak reserved / peak live (malloc: not observable, 0)
 //   trace_unbucketed/*      the same with every batch size 1..64
 // No memory is touched: the figures are the allocators' own costs.
+#include "../support/host_streams.hpp"
+
 #include <custody/platform/host.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/host_memory.hpp>
@@ -67,15 +69,7 @@ std::pmr::pool_options pmr_options() {
     return o;
 }
 
-/// One streams per benchmark thread, shared by every benchmark (host streams are worker threads).
-custody::host::stream_view stream_of(int thread) {
-    static std::vector<custody::host::stream> streams = [] {
-        std::vector<custody::host::stream> v;
-        for (int i = 0; i < 8; ++i) v.emplace_back(0);
-        return v;
-    }();
-    return streams[static_cast<std::size_t>(thread) % streams.size()].view();
-}
+using custody_bench::stream_of;
 
 // ---- the resources, behind one small interface each --------------------------------------------
 

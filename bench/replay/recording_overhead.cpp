@@ -10,6 +10,8 @@
 //                                                     process: the writer thread's work included
 //   pair_mt/{pool,recorded_pool}/256/threads:N        every thread its own stream, one shared pool
 //                                                     and one shared recorder
+#include "../support/host_streams.hpp"
+
 #include <custody/platform/host.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/host_memory.hpp>
@@ -35,15 +37,7 @@ constexpr std::size_t bytes = 256;
 custody::trace::recorder* the_recorder = nullptr;
 custody::trace::recorder& shared_recorder() { return *the_recorder; }
 
-/// One stream per benchmark thread (host streams are worker threads), shared by every benchmark.
-custody::host::stream_view stream_of(int thread) {
-    static std::vector<custody::host::stream> streams = [] {
-        std::vector<custody::host::stream> v;
-        for (int i = 0; i < 8; ++i) v.emplace_back(0);
-        return v;
-    }();
-    return streams[static_cast<std::size_t>(thread) % streams.size()].view();
-}
+using custody_bench::stream_of;
 
 template <class R>
 void pairs(benchmark::State& state, R& r, custody::host::stream_view s) {

@@ -178,6 +178,12 @@ class ReplayBadInput(Case):
         with open(cut, "wb") as f:
             f.write(data[:-3])
         self.refused([cut, "pool"], "cut.ctrace", "truncated")
+        # The end record (tag and a one-byte count) replaced by an unknown record tag.
+        bad = self.path("bad-tag.ctrace")
+        with open(bad, "wb") as f:
+            f.write(data[:-2] + b"\x00")
+        self.refused([bad, "pool"], "bad-tag.ctrace", "malformed at byte %d" % (len(data) - 2),
+                     "(after event %d)" % len(small_rows()), "unknown record tag 0x00")
 
     def test_traces_that_cannot_be_replayed(self):
         bad = self.trace([row(1, "allocate", 64, 0x1000), row(2, "deallocate", 64, 0x2000)], "bad.ctrace")

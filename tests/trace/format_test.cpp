@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -77,30 +78,29 @@ std::string varied_trace() {
     return w.take();
 }
 
-/// The reason a read of `bytes` to its end fails with; fails the test if it succeeds.
-trace_error::reason failure_of(const std::string& bytes) {
+/// The error a read of `bytes` to its end stops with; none when it succeeds.
+std::optional<trace_error> error_of(const std::string& bytes) {
     try {
         auto r = read_bytes(bytes);
         event e;
         while (r.next(e)) {
         }
     } catch (const trace_error& e) {
-        return e.why();
+        return e;
     }
-    FAIL("the trace was read without an error");
-    return trace_error::reason::malformed;
+    return std::nullopt;
+}
+
+/// The reason a read of `bytes` to its end fails with; fails the test if it succeeds.
+trace_error::reason failure_of(const std::string& bytes) {
+    const auto e = error_of(bytes);
+    if (!e) FAIL("the trace was read without an error");
+    return e->why();
 }
 
 std::string message_of(const std::string& bytes) {
-    try {
-        auto r = read_bytes(bytes);
-        event e;
-        while (r.next(e)) {
-        }
-    } catch (const trace_error& e) {
-        return e.what();
-    }
-    return "no error";
+    const auto e = error_of(bytes);
+    return e ? e->what() : "no error";
 }
 
 /// The bytes of a trace whose records after the preamble are `records` (no end record added).
