@@ -78,7 +78,7 @@ public:
             return;
         }
         pending_.fetch_add(1);
-        resource::detail::free_after_stream(stream, [this, ptr, bytes, alignment] {
+        host::free_after_stream(stream, [this, ptr, bytes, alignment] {
             raw_deallocate_sync(ptr, bytes, alignment);
             pending_.fetch_sub(1);
             pending_.notify_all();

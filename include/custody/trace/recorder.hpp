@@ -12,8 +12,8 @@
 #pragma once
 
 #include <custody/core/error.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/core/rank.hpp>
-#include <custody/core/report.hpp>
 #include <custody/debug/owner_scope.hpp>
 #include <custody/trace/detail/event_ring.hpp>
 #include <custody/trace/detail/output_file.hpp>
@@ -162,7 +162,7 @@ public:
     /// custody::error naming the file when it cannot be created, std::invalid_argument for options
     /// that cannot work, rank_error from detect_rank().
     explicit recorder(recorder_options options = {})
-        : options_(std::move(options)), rank_(options_.rank ? validate(*options_.rank) : detect_rank()),
+        : options_(std::move(options)), rank_(options_.rank ? validate_rank(*options_.rank) : detect_rank()),
           path_(options_.path.empty() ? join(options_.directory, trace_file_name(rank_)) : options_.path),
           id_(detail::next_recorder_id()) {
         if (options_.thread_buffer_events == 0 || options_.reorder_limit == 0) {
