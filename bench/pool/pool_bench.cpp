@@ -18,6 +18,8 @@
 //                           `reserved_over_peak_live`, the pool (limited to 1 GiB) under each reuse
 //                           policy beside pmr
 // No memory is touched: the figures are the allocators' own costs.
+#include "../support/host_streams.hpp"
+
 #include <custody/platform/host.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/host_memory.hpp>
@@ -72,15 +74,7 @@ std::pmr::pool_options pmr_options() {
     return o;
 }
 
-/// One streams per benchmark thread, shared by every benchmark (host streams are worker threads).
-custody::host::stream_view stream_of(int thread) {
-    static std::vector<custody::host::stream> streams = [] {
-        std::vector<custody::host::stream> v;
-        for (int i = 0; i < 8; ++i) v.emplace_back(0);
-        return v;
-    }();
-    return streams[static_cast<std::size_t>(thread) % streams.size()].view();
-}
+using custody_bench::stream_of;
 
 // ---- the resources, behind one small interface each --------------------------------------------
 
