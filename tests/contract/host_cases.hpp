@@ -6,7 +6,9 @@
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
+#include <custody/platform/host_vmm.hpp>
 #include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/virtual_memory.hpp>
 
 #include <cstddef>
 #include <memory>
@@ -69,8 +71,17 @@ struct pool_over_virtual_device_memory_case {
     static constexpr bool exhaustible = true;
 };
 
+/// Address space reserved up front, pages mapped per block and unmapped when it comes back.
+struct virtual_memory_case {
+    using resource = custody::resource::virtual_memory<custody::host::vmm>;
+    static std::unique_ptr<resource> make() { return std::make_unique<resource>(0, std::size_t{1} << 30); }
+    static constexpr std::size_t max_alignment = 4096; // the granule: the host's page
+    static constexpr bool exhaustible = true;
+    static constexpr bool blocking_free = true; // deallocate on a stream waits for it, as cudaFree does
+};
+
 using host_contract_cases = std::tuple<host_memory_case, virtual_device_memory_case, fault_injecting_case,
                                        tracking_host_memory_case, pool_over_host_memory_case,
-                                       pool_over_virtual_device_memory_case>;
+                                       pool_over_virtual_device_memory_case, virtual_memory_case>;
 
 } // namespace custody::test
