@@ -7,6 +7,7 @@
 #include <custody/resource/virtual_reservation.hpp>
 
 #include "../support/faulty_vmm.hpp"
+#include "../support/vmm_checks.hpp"
 
 #include "../support/catch.hpp"
 
@@ -68,14 +69,8 @@ std::size_t resident_pages(const void* p, std::size_t n) {
     return static_cast<std::size_t>(std::count_if(in.begin(), in.end(), [](unsigned char c) { return (c & 1) != 0; }));
 }
 
-/// What faulty_vmm holds now.
-struct held {
-    long reservations;
-    long handles;
-    long mappings;
-    friend bool operator==(const held&, const held&) = default;
-};
-held holding() { return {vmm_faults::reservations.load(), vmm_faults::handles.load(), vmm_faults::mappings.load()}; }
+using held = custody::test::vmm_holding;
+held holding() { return custody::test::vmm_held(); }
 
 /// Collects what custody reports on noexcept paths while alive.
 struct failure_log {
@@ -105,7 +100,7 @@ struct fault_scope {
 
 TEST_CASE("host vmm: a reservation is address space only until memory is mapped and made accessible", "[vmm]") {
     const std::size_t n = 16 * page;
-    void* base = vmm::reserve(n, 64 * page);
+    void* base = vmm::reserve(0, n, 64 * page);
     REQUIRE(base != nullptr);
     CHECK(custody::is_aligned(base, 64 * page));
     CHECK(protection(base) == "---p");
@@ -123,7 +118,7 @@ TEST_CASE("host vmm: a reservation is address space only until memory is mapped 
     std::memset(at, 0x5a, 4 * page);
     CHECK(resident_pages(at, 4 * page) == 4);
 
-    REQUIRE(vmm::unmap(at, 4 * page));
+    REQUIRE(vmm::unmap(0, at, 4 * page));
     vmm::release(*h);
     CHECK(protection(at) == "---p");
     CHECK(resident_pages(at, 4 * page) == 0); // the pages went back to the system
@@ -134,9 +129,9 @@ TEST_CASE("host vmm: a reservation is address space only until memory is mapped 
     vmm::set_access(at, 4 * page, devices);
     CHECK(static_cast<unsigned char>(at[0]) == 0);
     CHECK(static_cast<unsigned char>(at[4 * page - 1]) == 0);
-    REQUIRE(vmm::unmap(at, 4 * page));
+    REQUIRE(vmm::unmap(0, at, 4 * page));
     vmm::release(*again);
-    vmm::free_reservation(base, n);
+    vmm::free_reservation(0, base, n);
     CHECK(protection(base).empty());
 }
 
@@ -145,7 +140,7 @@ TEST_CASE("host vmm: bad devices and whole-handle mapping are refused", "[vmm]")
     CHECK_FALSE(vmm::supported(custody::host::platform::device_count()));
     CHECK_THROWS_AS(vmm::granularity(-1), std::invalid_argument);
     CHECK_THROWS_AS(vmm::create(custody::host::platform::device_count(), page, false), std::invalid_argument);
-    void* base = vmm::reserve(4 * page, page);
+    void* base = vmm::reserve(0, 4 * page, page);
     auto h = vmm::create(0, 2 * page, false);
     CHECK_THROWS_AS(vmm::map(base, page, *h), std::invalid_argument);
     vmm::map(base, 2 * page, *h);
@@ -153,9 +148,9 @@ TEST_CASE("host vmm: bad devices and whole-handle mapping are refused", "[vmm]")
     CHECK_THROWS_AS(vmm::set_access(base, 2 * page, bad), std::invalid_argument);
     CHECK(protection(base) == "---p");
     CHECK_THROWS_AS(vmm::export_fd(*h), std::invalid_argument); // not created exportable
-    REQUIRE(vmm::unmap(base, 2 * page));
+    REQUIRE(vmm::unmap(0, base, 2 * page));
     vmm::release(*h);
-    vmm::free_reservation(base, 4 * page);
+    vmm::free_reservation(0, base, 4 * page);
 }
 
 TEST_CASE("host vmm: exported memory is the same memory in another mapping, and outlives the export's owner",
@@ -260,37 +255,9 @@ TEST_CASE("virtual_reservation: a map that fails at any operation leaves nothing
     fault_scope faults;
     faulty_range range(0, 32 * page, reservation_options{.granule = 2 * page, .exportable = false, .peers = {2}});
     REQUIRE(range.map(0, 2 * page)); // not empty when the failures come
-    struct step {
-        vmm_op op;
-        int nth;
-        vmm_fault how;
-    };
-    std::vector<step> steps;
-    for (int k = 1; k <= 4; ++k) {
-        steps.push_back({vmm_op::create, k, vmm_fault::exhausted});
-        steps.push_back({vmm_op::create, k, vmm_fault::error});
-        steps.push_back({vmm_op::map, k, vmm_fault::error});
-    }
-    steps.push_back({vmm_op::set_access, 1, vmm_fault::error});
-    for (const step& s : steps) {
-        INFO("operation " << static_cast<int>(s.op) << ", call " << s.nth);
-        const held before = holding();
-        const std::size_t mapped = range.mapped_bytes();
-        vmm_faults::arm(s.op, s.nth, s.how);
-        if (s.how == vmm_fault::exhausted) {
-            CHECK_FALSE(range.map(8 * page, 8 * page)); // 4 granules
-        } else {
-            CHECK_THROWS_AS(range.map(8 * page, 8 * page), std::system_error);
-        }
-        CHECK(vmm_faults::injected == 1);
-        vmm_faults::reset();
-        CHECK(range.mapped_bytes() == mapped);
-        CHECK(holding() == before);
-        for (std::size_t g = 8 * page; g < 16 * page; g += 2 * page) CHECK_FALSE(range.is_mapped(g));
-        CHECK(protection(static_cast<std::byte*>(range.base()) + 8 * page) == "---p");
-    }
-    // And the same range maps afterwards.
-    REQUIRE(range.map(8 * page, 8 * page));
+    custody::test::check_failed_maps_change_nothing(range, 8 * page, 4, [](const faulty_range& r) {
+        CHECK(protection(static_cast<std::byte*>(r.base()) + 8 * page) == "---p");
+    });
     CHECK(range.mapped_bytes() == 10 * page);
 }
 

@@ -1,7 +1,7 @@
-// Virtual-memory operations for tests: host::vmm with a fault a test can arm at any one of its calls
+// Virtual-memory operations for tests: a platform's operations (host::vmm, cuda::vmm) with a fault a test can arm at any one of its calls
 // (the n-th call of an operation from now fails, as exhaustion or as an error), and tallies of what
 // is held (reservations, physical allocations, mappings) so a test can check that everything came
-// back. With nothing armed it behaves exactly as host::vmm.
+// back. With nothing armed it behaves exactly as the operations it wraps.
 #pragma once
 
 #include <custody/platform/host_vmm.hpp>
@@ -66,29 +66,30 @@ struct vmm_faults {
     [[noreturn]] static void raise(const char* what) { throw std::system_error(EIO, std::generic_category(), what); }
 };
 
-struct faulty_vmm {
-    using platform_type = host::vmm::platform_type;
-    using handle = host::vmm::handle;
+template <virtual_memory_operations Base>
+struct basic_faulty_vmm {
+    using platform_type = typename Base::platform_type;
+    using handle = typename Base::handle;
 
-    [[nodiscard]] static bool supported(int device) noexcept { return host::vmm::supported(device); }
-    [[nodiscard]] static bool exportable(int device) noexcept { return host::vmm::exportable(device); }
-    [[nodiscard]] static std::size_t granularity(int device) { return host::vmm::granularity(device); }
+    [[nodiscard]] static bool supported(int device) noexcept { return Base::supported(device); }
+    [[nodiscard]] static bool exportable(int device) noexcept { return Base::exportable(device); }
+    [[nodiscard]] static std::size_t granularity(int device) { return Base::granularity(device); }
 
-    [[nodiscard]] static void* reserve(std::size_t bytes, std::size_t alignment) {
+    [[nodiscard]] static void* reserve(int device, std::size_t bytes, std::size_t alignment) {
         if (vmm_faults::fails(vmm_op::reserve)) {
             if (vmm_faults::kind == vmm_fault::exhausted) return nullptr;
             vmm_faults::raise("faulty reserve");
         }
-        void* p = host::vmm::reserve(bytes, alignment);
+        void* p = Base::reserve(device, bytes, alignment);
         if (p != nullptr) ++vmm_faults::reservations;
         return p;
     }
-    static void free_reservation(void* base, std::size_t bytes) noexcept {
+    static void free_reservation(int device, void* base, std::size_t bytes) noexcept {
         if (vmm_faults::fails(vmm_op::free_reservation)) {
             report_noexcept_failure("faulty free_reservation", "injected");
             return;
         }
-        host::vmm::free_reservation(base, bytes);
+        Base::free_reservation(device, base, bytes);
         --vmm_faults::reservations;
     }
     [[nodiscard]] static std::optional<handle> create(int device, std::size_t bytes, bool exportable) {
@@ -96,7 +97,7 @@ struct faulty_vmm {
             if (vmm_faults::kind == vmm_fault::exhausted) return std::nullopt;
             vmm_faults::raise("faulty create");
         }
-        auto h = host::vmm::create(device, bytes, exportable);
+        auto h = Base::create(device, bytes, exportable);
         if (h) ++vmm_faults::handles;
         return h;
     }
@@ -105,33 +106,34 @@ struct faulty_vmm {
             report_noexcept_failure("faulty release", "injected");
             return;
         }
-        host::vmm::release(h);
+        Base::release(h);
         --vmm_faults::handles;
     }
     static void map(void* ptr, std::size_t bytes, handle h) {
         if (vmm_faults::fails(vmm_op::map)) vmm_faults::raise("faulty map");
-        host::vmm::map(ptr, bytes, h);
+        Base::map(ptr, bytes, h);
         ++vmm_faults::mappings;
     }
     static void set_access(void* ptr, std::size_t bytes, std::span<const int> devices) {
         if (vmm_faults::fails(vmm_op::set_access)) vmm_faults::raise("faulty set_access");
-        host::vmm::set_access(ptr, bytes, devices);
+        Base::set_access(ptr, bytes, devices);
     }
-    static bool unmap(void* ptr, std::size_t bytes) noexcept {
+    static bool unmap(int device, void* ptr, std::size_t bytes) noexcept {
         if (vmm_faults::fails(vmm_op::unmap)) {
             report_noexcept_failure("faulty unmap", "injected");
             return false;
         }
-        if (!host::vmm::unmap(ptr, bytes)) return false;
+        if (!Base::unmap(device, ptr, bytes)) return false;
         --vmm_faults::mappings;
         return true;
     }
     [[nodiscard]] static int export_fd(handle h) {
         if (vmm_faults::fails(vmm_op::export_fd)) vmm_faults::raise("faulty export_fd");
-        return host::vmm::export_fd(h);
+        return Base::export_fd(h);
     }
 };
 
+using faulty_vmm = basic_faulty_vmm<host::vmm>;
 static_assert(virtual_memory_operations<faulty_vmm>);
 
 } // namespace custody::test

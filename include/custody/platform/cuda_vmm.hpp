@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <optional>
 #include <source_location>
 #include <span>
@@ -129,6 +130,33 @@ inline bool driver_report(CUresult status, const char* call,
 
 [[nodiscard]] inline CUdeviceptr address(void* ptr) noexcept { return reinterpret_cast<CUdeviceptr>(ptr); }
 
+/// Makes `device`'s primary context current to the calling thread for a scope (cudaSetDevice
+/// initializes it and makes it current, even where the device already was the current one, which
+/// a thread that never called the runtime needs before a driver call), then restores the device
+/// that was current.
+class primary_context {
+public:
+    explicit primary_context(int device) : previous_(cuda::current_device()), device_(device) {
+        CUSTODY_CUDA_TRY(cudaSetDevice(device));
+    }
+    /// For noexcept paths: a failure is left to the driver call that follows to report.
+    primary_context(int device, std::nothrow_t) noexcept : device_(device) {
+        if (cudaGetDevice(&previous_) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+            static_cast<void>(cudaGetLastError());
+            previous_ = device;
+        }
+    }
+    ~primary_context() {
+        if (previous_ != device_) CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaSetDevice(previous_));
+    }
+    primary_context(const primary_context&) = delete;
+    primary_context& operator=(const primary_context&) = delete;
+
+private:
+    int previous_ = 0;
+    int device_;
+};
+
 } // namespace detail
 
 /// The cuda platform's virtual-memory operations: device memory (CU_MEM_ALLOCATION_TYPE_PINNED on
@@ -136,12 +164,17 @@ inline bool driver_report(CUresult status, const char* call,
 /// what NCCL's and CUDA IPC's fd-passing take) where the device says it can. Other handle types
 /// (fabric, Win32) and memory on host or NUMA locations are not offered.
 ///
-/// Context: create and map run with the memory's device current (the caller's device is restored),
-/// which initializes its primary context if nothing has yet.
+/// Context: every call runs with its device's primary context current (initialized if nothing
+/// has yet) and restores the caller's device.
 /// Thread safety: thread-safe, as the driver is.
 struct vmm {
     using platform_type = cuda::platform;
-    using handle = CUmemGenericAllocationHandle;
+
+    /// Physical memory: the driver's handle, and the device whose memory it is.
+    struct handle {
+        CUmemGenericAllocationHandle value = 0;
+        int device = -1;
+    };
 
     /// The driver is present and `device` supports virtual memory management.
     [[nodiscard]] static bool supported(int device) noexcept {
@@ -163,8 +196,9 @@ struct vmm {
         return g;
     }
 
-    [[nodiscard]] static void* reserve(std::size_t bytes, std::size_t alignment) {
+    [[nodiscard]] static void* reserve(int device, std::size_t bytes, std::size_t alignment) {
         const auto& d = detail::driver_or_throw("cuMemAddressReserve");
+        detail::primary_context context(device);
         CUdeviceptr ptr = 0;
         const CUresult status = d.address_reserve(&ptr, bytes, alignment, 0, 0);
         if (status == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
@@ -172,33 +206,38 @@ struct vmm {
         return reinterpret_cast<void*>(ptr);
     }
 
-    static void free_reservation(void* base, std::size_t bytes) noexcept {
-        static_cast<void>(detail::driver_report(vmm_driver_get().address_free(detail::address(base), bytes),
-                                                "cuMemAddressFree"));
+    static void free_reservation(int device, void* base, std::size_t bytes) noexcept {
+        detail::primary_context context(device, std::nothrow);
+        static_cast<void>(detail::driver_report(loaded().address_free(detail::address(base), bytes), "cuMemAddressFree"));
     }
 
+    /// `bytes` of `device`'s memory; nullopt when the device has none left.
     [[nodiscard]] static std::optional<handle> create(int device, std::size_t bytes, bool exportable) {
         const auto& d = detail::driver_or_throw("cuMemCreate");
-        device_guard guard(device);
+        detail::primary_context context(device);
         const CUmemAllocationProp prop = detail::device_memory_prop(device, exportable);
-        handle h{};
-        const CUresult status = d.create(&h, bytes, &prop, 0);
+        handle h{0, device};
+        const CUresult status = d.create(&h.value, bytes, &prop, 0);
         if (status == CUDA_ERROR_OUT_OF_MEMORY) return std::nullopt;
         detail::driver_check(status, "cuMemCreate");
         return h;
     }
 
     static void release(handle h) noexcept {
-        static_cast<void>(detail::driver_report(vmm_driver_get().release(h), "cuMemRelease"));
+        detail::primary_context context(h.device, std::nothrow);
+        static_cast<void>(detail::driver_report(loaded().release(h.value), "cuMemRelease"));
     }
 
     static void map(void* ptr, std::size_t bytes, handle h) {
         const auto& d = detail::driver_or_throw("cuMemMap");
-        detail::driver_check(d.map(detail::address(ptr), bytes, 0, h, 0), "cuMemMap");
+        detail::primary_context context(h.device);
+        detail::driver_check(d.map(detail::address(ptr), bytes, 0, h.value, 0), "cuMemMap");
     }
 
     static void set_access(void* ptr, std::size_t bytes, std::span<const int> devices) {
         const auto& d = detail::driver_or_throw("cuMemSetAccess");
+        if (devices.empty()) return;
+        detail::primary_context context(devices[0]);
         std::vector<CUmemAccessDesc> access(devices.size());
         for (std::size_t i = 0; i < devices.size(); ++i) {
             access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -209,22 +248,24 @@ struct vmm {
                              "cuMemSetAccess");
     }
 
-    static bool unmap(void* ptr, std::size_t bytes) noexcept {
-        return detail::driver_report(vmm_driver_get().unmap(detail::address(ptr), bytes), "cuMemUnmap");
+    static bool unmap(int device, void* ptr, std::size_t bytes) noexcept {
+        detail::primary_context context(device, std::nothrow);
+        return detail::driver_report(loaded().unmap(detail::address(ptr), bytes), "cuMemUnmap");
     }
 
     /// A POSIX file descriptor for `h` (created exportable), owned by the caller.
     [[nodiscard]] static int export_fd(handle h) {
         const auto& d = detail::driver_or_throw("cuMemExportToShareableHandle");
+        detail::primary_context context(h.device);
         int fd = -1;
-        detail::driver_check(d.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+        detail::driver_check(d.export_handle(&fd, h.value, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
                              "cuMemExportToShareableHandle");
         return fd;
     }
 
 private:
-    /// Release paths run only after a successful create or reserve, so the driver is loaded.
-    static const detail::vmm_driver& vmm_driver_get() noexcept { return detail::vmm_driver::get(); }
+    /// The noexcept operations run only after a create or reserve succeeded: the driver is loaded.
+    static const detail::vmm_driver& loaded() noexcept { return detail::vmm_driver::get(); }
 };
 
 static_assert(virtual_memory_operations<vmm>);

@@ -62,7 +62,8 @@ struct vmm {
 
     /// `bytes` of address space aligned to `alignment` (a power of two), or nullptr when the
     /// process has none left.
-    [[nodiscard]] static void* reserve(std::size_t bytes, std::size_t alignment) {
+    [[nodiscard]] static void* reserve(int device, std::size_t bytes, std::size_t alignment) {
+        check_device(device);
         const std::size_t page = page_size();
         if (alignment < page) alignment = page;
         if (bytes == 0 || bytes > SIZE_MAX - alignment) return nullptr;
@@ -82,7 +83,7 @@ struct vmm {
         return reinterpret_cast<void*>(aligned);
     }
 
-    static void free_reservation(void* base, std::size_t bytes) noexcept {
+    static void free_reservation(int, void* base, std::size_t bytes) noexcept {
         if (::munmap(base, bytes) != 0) report_errno("munmap (free_reservation)");
     }
 
@@ -115,7 +116,7 @@ struct vmm {
         const int flags = MAP_FIXED | (h.fd >= 0 ? MAP_SHARED : MAP_PRIVATE | MAP_ANONYMOUS);
         if (::mmap(ptr, bytes, PROT_NONE, flags, h.fd, 0) == MAP_FAILED) {
             // A failed MAP_FIXED may have dropped the old pages: put the reservation back.
-            static_cast<void>(unmap(ptr, bytes));
+            static_cast<void>(unmap(h.device, ptr, bytes));
             throw_errno("mmap (map)");
         }
     }
@@ -127,7 +128,7 @@ struct vmm {
     }
 
     /// Puts the reservation back over [ptr, ptr+bytes): the pages are freed.
-    static bool unmap(void* ptr, std::size_t bytes) noexcept {
+    static bool unmap(int, void* ptr, std::size_t bytes) noexcept {
         if (::mmap(ptr, bytes, PROT_NONE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) ==
             MAP_FAILED) {
             report_errno("mmap (unmap)");

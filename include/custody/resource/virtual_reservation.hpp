@@ -83,7 +83,7 @@ public:
         }
         if (align_up_overflows(bytes, granule_)) throw_no_address_space(bytes);
         size_ = align_up(bytes, granule_);
-        base_ = static_cast<std::byte*>(Vmm::reserve(size_, granule_));
+        base_ = static_cast<std::byte*>(Vmm::reserve(device_, size_, granule_));
         if (base_ == nullptr) throw_no_address_space(bytes);
     }
 
@@ -95,13 +95,13 @@ public:
     ~virtual_reservation() {
         bool all_unmapped = true;
         for (const auto& [index, h] : mapped_) {
-            if (Vmm::unmap(base_ + index * granule_, granule_)) {
+            if (Vmm::unmap(device_, base_ + index * granule_, granule_)) {
                 Vmm::release(h);
             } else {
                 all_unmapped = false;
             }
         }
-        if (all_unmapped) Vmm::free_reservation(base_, size_);
+        if (all_unmapped) Vmm::free_reservation(device_, base_, size_);
     }
 
     [[nodiscard]] void* base() const noexcept { return base_; }
@@ -174,7 +174,7 @@ public:
         }
         bool all = true;
         for (auto it = begin; it != end;) {
-            if (Vmm::unmap(base_ + it->first * granule_, granule_)) {
+            if (Vmm::unmap(device_, base_ + it->first * granule_, granule_)) {
                 Vmm::release(it->second);
                 it = mapped_.erase(it);
             } else {
@@ -225,7 +225,7 @@ private:
     /// Unmaps and releases what a failed map did, last first.
     void undo(const std::vector<std::pair<std::size_t, handle>>& done) noexcept {
         for (auto it = done.rbegin(); it != done.rend(); ++it) {
-            if (Vmm::unmap(base_ + it->first * granule_, granule_)) Vmm::release(it->second);
+            if (Vmm::unmap(device_, base_ + it->first * granule_, granule_)) Vmm::release(it->second);
         }
     }
 
