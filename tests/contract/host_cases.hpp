@@ -74,8 +74,12 @@ struct pool_over_virtual_device_memory_case {
 /// Address space reserved up front, pages mapped per block and unmapped when it comes back.
 struct virtual_memory_case {
     using resource = custody::resource::virtual_memory<custody::host::vmm>;
-    static std::unique_ptr<resource> make() { return std::make_unique<resource>(0, std::size_t{1} << 30); }
-    static constexpr std::size_t max_alignment = 4096; // the granule: the host's page
+    static std::unique_ptr<resource> make() {
+        return std::make_unique<resource>(0, std::size_t{1} << 30,
+                                          custody::resource::reservation_options{.granule = granule, .exportable = false, .peers = {}});
+    }
+    static constexpr std::size_t granule = std::size_t{64} << 10; // a multiple of every Linux page size
+    static constexpr std::size_t max_alignment = granule;
     static constexpr bool exhaustible = true;
     static constexpr bool blocking_free = true; // deallocate on a stream waits for it, as cudaFree does
 };
