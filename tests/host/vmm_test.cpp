@@ -1,11 +1,13 @@
 // The virtual-memory operations of the host platform, virtual_reservation and the virtual_memory
 // resource: real reservations, commits and decommits; unmapping in any order; export; and the
 // strong guarantee under a fault at every operation.
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/platform/host_vmm.hpp>
 #include <custody/resource/virtual_memory.hpp>
 #include <custody/resource/virtual_reservation.hpp>
 
+#include "../support/failure_log.hpp"
+#include "../support/faulty_platform.hpp"
 #include "../support/faulty_vmm.hpp"
 #include "../support/vmm_checks.hpp"
 
@@ -72,22 +74,7 @@ std::size_t resident_pages(const void* p, std::size_t n) {
 using held = custody::test::vmm_holding;
 held holding() { return custody::test::vmm_held(); }
 
-/// Collects what custody reports on noexcept paths while alive.
-struct failure_log {
-    static inline std::vector<std::string> lines;
-    custody::failure_callback previous;
-    failure_log() : previous(custody::set_failure_callback([](std::string_view m) noexcept {
-        try {
-            lines.emplace_back(m);
-        } catch (...) {
-        }
-    })) {
-        lines.clear();
-    }
-    ~failure_log() { custody::set_failure_callback(previous); }
-    failure_log(const failure_log&) = delete;
-    failure_log& operator=(const failure_log&) = delete;
-};
+using custody::test::failure_log;
 
 struct fault_scope {
     fault_scope() { vmm_faults::reset(); }
@@ -273,7 +260,7 @@ TEST_CASE("virtual_reservation: an unmap that fails keeps that granule mapped an
         CHECK(range.mapped_bytes() == page);
         CHECK(range.is_mapped(page));
         CHECK_FALSE(range.is_mapped(0));
-        CHECK(log.lines.size() == 1);
+        CHECK(log.lines().size() == 1);
         REQUIRE(range.unmap(page, page)); // the driver works again: it goes
         CHECK(range.mapped_bytes() == 0);
         // A release that fails is reported; the handle is lost to the reservation, not the count.
@@ -281,7 +268,7 @@ TEST_CASE("virtual_reservation: an unmap that fails keeps that granule mapped an
         vmm_faults::arm(vmm_op::release, 1);
         REQUIRE(range.unmap(0, page));
         CHECK(range.mapped_bytes() == 0);
-        CHECK(log.lines.size() == 2);
+        CHECK(log.lines().size() == 2);
         CHECK(holding().handles == before.handles + 1);
         vmm_faults::handles -= 1; // the injected release leaked it on purpose
     }
@@ -303,7 +290,7 @@ TEST_CASE("virtual_reservation: reserve failures are out_of_memory or the error,
         faulty_range range(0, 8 * page);
         vmm_faults::arm(vmm_op::free_reservation, 1);
     }
-    CHECK(log.lines.size() == 1);
+    CHECK(log.lines().size() == 1);
     vmm_faults::reservations -= 1; // leaked on purpose by the injected failure
 }
 
@@ -414,7 +401,7 @@ TEST_CASE("virtual_memory: a block whose unmap fails is never handed out again",
         for (auto [p, n] : blocks) r.deallocate_sync(p, n, 256);
     } // the destructor unmaps the withheld granule too
     CHECK(holding() == before);
-    CHECK(log.lines.size() == 1);
+    CHECK(log.lines().size() == 1);
 }
 
 TEST_CASE("virtual_memory: a seeded run of allocations and frees keeps every block and every count exact",
@@ -473,4 +460,36 @@ TEST_CASE("virtual_memory: a seeded run of allocations and frees keeps every blo
         CHECK(r.vmm_statistics().largest_free == 1024 * page);
     }
     CHECK(holding() == before);
+}
+
+namespace {
+/// host::vmm's operations, for memory whose streams are the faulty platform's.
+struct vmm_on_faulty_platform : vmm {
+    using platform_type = custody::test::faulty_platform;
+};
+} // namespace
+
+TEST_CASE("virtual_memory: a block whose stream cannot be waited for stays mapped and is never reused",
+          "[vmm][faults]") {
+    using custody::test::platform_faults;
+    custody::test::faults_reset reset;
+    failure_log log;
+    custody::resource::virtual_memory<vmm_on_faulty_platform> r(0, 8 * page);
+    custody::test::faulty_stream stream(0);
+    auto* a = static_cast<unsigned char*>(r.allocate(stream, 2 * page, 256));
+    platform_faults::stream_synchronize = 1;
+    r.deallocate(stream, a, 2 * page, 256); // its work may still run: unmapping would fault it
+    CHECK(log.lines().size() == 1);
+    CHECK(r.statistics().live_allocations == 0);
+    CHECK(r.mapped_bytes() == 2 * page); // still mapped: the stream's work can still use it
+    a[0] = 1;
+    CHECK(r.vmm_statistics().withheld_bytes == 2 * page);
+    CHECK(r.vmm_statistics().free_bytes == 6 * page);
+    // The process exiting is not reported.
+    void* b = r.allocate(stream, page, 256);
+    platform_faults::stream_synchronize = 1;
+    platform_faults::exiting = true;
+    r.deallocate(stream, b, page, 256);
+    CHECK(log.lines().size() == 1);
+    CHECK(r.vmm_statistics().withheld_bytes == 3 * page);
 }

@@ -5,7 +5,7 @@
 #pragma once
 
 #include <custody/core/error.hpp>
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/platform/cuda.hpp>
 #include <custody/platform/virtual_memory.hpp>
 

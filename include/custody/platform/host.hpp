@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -311,6 +312,8 @@ struct platform {
         s.state()->enqueue([state = e.state_, ticket = e.ticket_] { state->wait_for(ticket); });
     }
     [[nodiscard]] static bool is_capturing(stream_view) noexcept { return false; }
+    /// Nothing unloads under the host platform: no failure means the process is exiting.
+    [[nodiscard]] static bool is_exiting(const std::exception&) noexcept { return false; }
     static void memcpy_async(void* dst, const void* src, std::size_t bytes, stream_view s) {
         if (bytes == 0) return;
         s.enqueue([=] { std::memcpy(dst, src, bytes); });
@@ -322,6 +325,24 @@ struct platform {
 };
 
 static_assert(custody::platform<platform>);
+
+/// Runs `free` once every task enqueued on `stream` so far has run: the free is itself enqueued
+/// (on the default stream it runs at once). If it cannot be enqueued (no memory for the queue
+/// node), waits for the stream and runs it then, so a free is never lost. The host platform's
+/// counterpart of cudaFreeAsync, for the deallocate of its resources.
+template <class Free>
+void free_after_stream(stream_view stream, Free free) noexcept {
+    if (stream.is_default()) {
+        free();
+        return;
+    }
+    try {
+        stream.enqueue(free);
+    } catch (...) {
+        platform::synchronize(stream);
+        free();
+    }
+}
 
 /// Sets and restores the calling thread's current virtual device.
 using device_guard = basic_device_guard<platform>;

@@ -5,7 +5,7 @@
 /// again, so that reservations, granules, exhaustion and export are exercised without a GPU.
 #pragma once
 
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/platform/virtual_memory.hpp>
 

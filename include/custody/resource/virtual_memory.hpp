@@ -7,8 +7,9 @@
 #include <custody/core/concepts.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/properties.hpp>
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/core/statistics.hpp>
+#include <custody/platform/platform.hpp>
 #include <custody/platform/virtual_memory.hpp>
 #include <custody/resource/virtual_reservation.hpp>
 
@@ -88,10 +89,12 @@ public:
     }
     void deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         if (ptr == nullptr) return;
-        try {
-            platform_type::synchronize(stream);
-        } catch (const std::exception& e) {
-            report_noexcept_failure("synchronize (virtual_memory::deallocate)", e.what());
+        // Unmapping while the stream may still use the block would fault its work: if the wait fails
+        // (reported), the block is kept mapped and withheld instead.
+        if (!run_exit_tolerant<platform_type>("custody: virtual_memory waiting for the stream of a freed block",
+                                              [&] { platform_type::synchronize(stream); })) {
+            withhold(bytes);
+            return;
         }
         deallocate_sync(ptr, bytes, alignment);
     }
@@ -197,6 +200,15 @@ private:
         }
         stats_.on_allocate(bytes, span);
         return static_cast<std::byte*>(range_.base()) + offset;
+    }
+
+    /// Gives up a live block without unmapping it: it stops counting as live and its part of the
+    /// range is never handed out again (destruction unmaps it with the rest).
+    void withhold(std::size_t bytes) noexcept {
+        const std::size_t span = align_up(bytes, range_.granule());
+        std::lock_guard lock(mutex_);
+        stats_.on_deallocate(bytes, span);
+        withheld_ += span;
     }
 
     /// Returns [offset, offset+span) to the free ranges, merged with its neighbours.
