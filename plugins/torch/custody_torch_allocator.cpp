@@ -17,7 +17,6 @@
 
 #if defined(CUSTODY_TORCH_CUDA)
 #include <custody/platform/cuda.hpp>
-#include <custody/pool/cuda_memory_info.hpp>
 #include <custody/resource/cuda_async.hpp>
 #else
 #include <custody/platform/host.hpp>
@@ -46,14 +45,15 @@ std::size_t max_bytes() {
 }
 
 /// Makes `device`'s pool with the default options (see docs/pool.md), capped by
-/// CUSTODY_TORCH_MAX_BYTES. On CUDA the pool keeps the device's headroom free, asking the device
-/// for its free memory at each growth; the host build's virtual devices are as large as the cap.
+/// CUSTODY_TORCH_MAX_BYTES. The pool keeps the device's headroom free, asking the platform for the
+/// device's free memory at each growth (the host platform cannot tell: its virtual devices are as
+/// large as the cap).
 std::unique_ptr<device_pool<upstream>> make_device_pool(int device) {
     custody::pool::pool_options options;
     const std::size_t cap = max_bytes();
     if (cap != 0) options.maximum_size = cap;
+    options.memory_info = &platform::memory_info;
 #if defined(CUSTODY_TORCH_CUDA)
-    options.memory_info = &custody::pool::cuda_memory_info;
     return std::make_unique<device_pool<upstream>>(options, device);
 #else
     return std::make_unique<device_pool<upstream>>(options, device, cap != 0 ? cap : std::size_t{8} << 30);

@@ -76,7 +76,7 @@ custody_has_libdw() {
 custody_parts_demo_required=(compiler meson ninja gsl)
 custody_parts_demo_wanted=(libdw)
 custody_parts_test_required=(compiler meson ninja gsl catch2 python3 pkg-config)
-custody_parts_test_wanted=(libdw benchmark cmake fuzzer)
+custody_parts_test_wanted=(libdw benchmark cmake fuzzer matplotlib)
 
 custody_part_check() { # PART: 0 when present
   case $1 in
@@ -89,6 +89,7 @@ custody_part_check() { # PART: 0 when present
     libdw) custody_has_libdw ;;
     fuzzer) custody_has_fuzzer ;;
     python3 | pkg-config | cmake) custody_has_tool "$1" ;;
+    matplotlib) custody_has_tool python3 && python3 -c 'import matplotlib' >/dev/null 2>&1 ;;
     *) return 1 ;;
   esac
 }
@@ -103,6 +104,7 @@ custody_part_package() {
     benchmark) echo libbenchmark-dev ;;
     libdw) echo libdw-dev ;;
     fuzzer) echo clang-16 libclang-rt-16-dev ;;
+    matplotlib) echo python3-matplotlib ;;
     *) echo "$1" ;;
   esac
 }
@@ -119,7 +121,8 @@ custody_part_purpose() {
     python3) echo "Python 3 (the test summary)" ;;
     pkg-config) echo "pkg-config (the packaging test)" ;;
     cmake) echo "CMake (the CMake consumer of the packaging test; skipped without it)" ;;
-    fuzzer) echo "clang++ 15+ with libFuzzer (the report reader's fuzz target; skipped without it)" ;;
+    fuzzer) echo "clang++ 15+ with libFuzzer (the report and trace readers' fuzz targets; skipped without it)" ;;
+    matplotlib) echo "Python's matplotlib (custody-plot's drawing test; skipped without it)" ;;
   esac
 }
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <exception>
 #include <new>
+#include <optional>
 #include <source_location>
 #include <string_view>
 #include <utility>
@@ -202,7 +203,13 @@ struct platform {
     static void set_device(int device) { CUSTODY_CUDA_TRY(cudaSetDevice(device)); }
     static void set_device_noexcept(int device) noexcept { CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaSetDevice(device)); }
 
+    /// cudaStreamGetId: unique for the process's lifetime, where a handle may be reused by a new
+    /// stream once its stream is destroyed; the per-thread default stream has one per thread.
+    /// The handle itself if the query fails (a stream already destroyed).
     [[nodiscard]] static std::uintptr_t stream_key(stream_view s) noexcept {
+        unsigned long long id = 0;
+        if (cudaStreamGetId(s.get(), &id) == cudaSuccess) return static_cast<std::uintptr_t>(id);
+        static_cast<void>(cudaGetLastError());
         return reinterpret_cast<std::uintptr_t>(s.get());
     }
     [[nodiscard]] static int stream_device(stream_view s) {
@@ -220,6 +227,9 @@ struct platform {
     }
     /// A driver call (cudaStreamGetCaptureInfo): for the paths where correctness needs it.
     [[nodiscard]] static bool is_capturing(stream_view s) { return query_capture(s).capturing(); }
+    /// cudaMemGetInfo on `device` (the caller's current device is restored); nothing if the query
+    /// fails. A driver call: the pool asks only when it grows.
+    [[nodiscard]] static std::optional<device_memory> memory_info(int device) noexcept;
     static void memcpy_async(void* dst, const void* src, std::size_t bytes, stream_view s) {
         if (bytes == 0) return;
         CUSTODY_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s.get()));
@@ -309,6 +319,19 @@ using capture_mode_guard = basic_capture_mode_guard<platform>;
 inline void platform::synchronize_device(int device) {
     device_guard guard(device);
     CUSTODY_CUDA_TRY(cudaDeviceSynchronize());
+}
+
+inline std::optional<device_memory> platform::memory_info(int device) noexcept {
+    std::optional<device_memory> result;
+    device_guard guard(device, std::nothrow);
+    std::size_t free = 0;
+    std::size_t total = 0;
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+        result = device_memory{free, total};
+    } else {
+        static_cast<void>(cudaGetLastError());
+    }
+    return result;
 }
 
 inline stream::stream(int device) : device_(device) {

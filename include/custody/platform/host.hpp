@@ -35,6 +35,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -58,14 +59,21 @@ inline std::atomic<int>& device_count_slot() noexcept {
     return count;
 }
 
+/// The identity of the next stream: 1, 2, 3, ... in creation order, never given twice.
+inline std::uint64_t next_stream_id() noexcept {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 /// One stream's queue and worker thread, and the capture it records into, if any.
 ///
 /// Invariants: completed_ <= enqueued_; task k (1-based, in enqueue order) has finished iff
-/// completed_ >= k. Both only grow. capturing_ == (capture_ != nullptr); while capturing, enqueued
-/// work goes into capture_ and enqueued_ does not move.
+/// completed_ >= k. Both only grow. id_ >= 1 is this stream's alone, for the process's lifetime.
+/// capturing_ == (capture_ != nullptr); while capturing, enqueued work goes into capture_ and
+/// enqueued_ does not move.
 class stream_state : public std::enable_shared_from_this<stream_state> {
 public:
-    explicit stream_state(int device) : device_(device) {}
+    explicit stream_state(int device) : device_(device), id_(next_stream_id()) {}
     stream_state(const stream_state&) = delete;
     stream_state& operator=(const stream_state&) = delete;
     ~stream_state() { shutdown(); }
@@ -101,6 +109,7 @@ public:
     }
 
     [[nodiscard]] int device() const noexcept { return device_; }
+    [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
 
     /// The capture this stream records into (nullptr when it is not capturing). One atomic load when
     /// it is not.
@@ -194,6 +203,7 @@ private:
     }
 
     int device_;
+    std::uint64_t id_;
     mutable std::mutex mutex_;
     std::condition_variable work_cv_;
     std::condition_variable done_cv_;
@@ -326,7 +336,15 @@ public:
     event& operator=(const event&) = delete;
     ~event() = default;
 
+    /// Throws std::invalid_argument for the default stream while another device than the event's
+    /// is current: the default stream is the current device's, and cudaEventRecord refuses an
+    /// event and a stream of two devices.
     void record(stream_view s) {
+        if (s.is_default() && detail::current_device_slot() != device_) {
+            throw std::invalid_argument("custody: an event of host device " + std::to_string(device_) +
+                                        " recorded on the default stream of device " +
+                                        std::to_string(detail::current_device_slot()));
+        }
         if (!s.is_default()) {
             if (auto capture = s.state()->capture()) [[unlikely]] {
                 captured_ = std::make_shared<const captured_point>(captured_point{capture, capture->frontier(s.state())});
@@ -430,8 +448,10 @@ struct platform {
     }
     static void set_device_noexcept(int device) noexcept { detail::current_device_slot() = device; }
 
+    /// The stream's own id (0 for the default stream): a stream made where a destroyed one was
+    /// never has the destroyed one's key.
     [[nodiscard]] static std::uintptr_t stream_key(stream_view s) noexcept {
-        return reinterpret_cast<std::uintptr_t>(s.state());
+        return s.is_default() ? 0 : static_cast<std::uintptr_t>(s.state()->id());
     }
     [[nodiscard]] static int stream_device(stream_view s) noexcept {
         return s.is_default() ? current_device() : s.state()->device();
@@ -495,6 +515,9 @@ struct platform {
         s.state()->enqueue([state = e.state_, ticket = e.ticket_] { state->wait_for(ticket); });
     }
     [[nodiscard]] static bool is_capturing(stream_view s) { return query_capture(s).capturing(); }
+    /// Nothing: virtual devices have no memory of their own (a resource such as
+    /// simulated_device_memory gives one its capacity).
+    [[nodiscard]] static std::optional<device_memory> memory_info(int) noexcept { return std::nullopt; }
     /// Nothing unloads under the host platform: no failure means the process is exiting.
     [[nodiscard]] static bool is_exiting(const std::exception&) noexcept { return false; }
     static void memcpy_async(void* dst, const void* src, std::size_t bytes, stream_view s) {

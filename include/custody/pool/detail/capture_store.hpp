@@ -229,7 +229,7 @@ public:
         if (it == chunk_owner_.begin()) return; // unreachable: owns(address)
         --it;
         private_pool& p = *it->second;
-        const free_block b{address, align_up(bytes, granule), it->first, 0};
+        const free_block b{address, align_up(bytes, granule), it->first};
         p.block_bytes -= b.size;
         live_bytes_ -= bytes;
         ++deallocations_;
@@ -258,6 +258,8 @@ public:
         try {
             return platform_type::query_capture(stream).capturing();
         } catch (...) {
+            report_failure("stream_ordered_pool: asking whether a stream is capturing failed; the block given "
+                           "back on it is quarantined");
             return true;
         }
     }
@@ -329,7 +331,7 @@ private:
                 p.chunks.emplace(base, n);
                 try {
                     chunk_owner_.emplace(base, &p);
-                    p.common.insert({base, n, base, 0});
+                    p.common.insert({base, n, base});
                 } catch (...) {
                     chunk_owner_.erase(base);
                     throw;
