@@ -15,7 +15,7 @@
 #include <custody/debug/merge.hpp>
 #include <custody/debug/owner_scope.hpp>
 #include <custody/debug/tracking_resource.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include <cstdio>
 #include <string>
@@ -27,7 +27,7 @@ namespace {
 
 using namespace custody;
 using namespace custody::debug;
-using tracker = tracking_resource<resource::virtual_device_memory>;
+using tracker = tracking_resource<host::simulated_device_memory>;
 
 constexpr int world = 4;
 constexpr int steps = 12;

@@ -6,7 +6,7 @@
 #include <custody/buffer/buffer.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 #ifdef CUSTODY_WITH_CUDA
 #include <custody/buffer/device_buffer.hpp>
 #include <custody/resource/cuda_async.hpp>
@@ -59,7 +59,7 @@ int main() {
 #else
     std::puts("custody quickstart: built without CUDA, running on the host platform");
 #endif
-    custody::resource::virtual_device_memory device_memory(0, std::size_t{1} << 30);
+    custody::host::simulated_device_memory device_memory(0, std::size_t{1} << 30);
     custody::resource::host_memory host_memory;
     return run<custody::host::platform>(device_memory, host_memory);
 }

@@ -11,7 +11,7 @@
 // batch arrived intact, 1 otherwise.
 #include <custody/platform/host.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 #include <custody/staging/staging_ring.hpp>
 
 #include <array>
@@ -49,7 +49,7 @@ std::int64_t prepare_batch(int b, std::span<token> out) {
 
 int main() {
     const int device = 0;
-    custody::resource::virtual_device_memory device_memory(device, std::size_t{64} << 20);
+    custody::host::simulated_device_memory device_memory(device, std::size_t{64} << 20);
     custody::host::stream copy(device);
     custody::host::stream compute(device);
 

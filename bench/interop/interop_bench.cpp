@@ -3,12 +3,12 @@
 //   pluggable/<path>         PyTorch's entry point (pluggable_allocator) against the resource
 //                            called directly, on one host virtual device, bare and pooled
 #include <custody/interop/pmr.hpp>
-#include <custody/interop/torch_allocator.hpp>
+#include <custody/interop/pluggable_allocator.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -66,7 +66,7 @@ void pmr_churn_synchronized_pool(benchmark::State& state) {
     churn(state, pool);
 }
 
-using device_resource = custody::resource::virtual_device_memory;
+using device_resource = custody::host::simulated_device_memory;
 
 void pluggable_direct(benchmark::State& state) {
     device_resource memory(0, std::size_t{1} << 30);
@@ -128,8 +128,8 @@ BENCHMARK(pmr_churn_custody_host_memory)->Name("pmr_churn/pmr_adaptor<host_memor
 BENCHMARK(pmr_churn_custody_pool)->Name("pmr_churn/pmr_adaptor<stream_ordered_pool<host_memory>>");
 BENCHMARK(pmr_churn_unsynchronized_pool)->Name("pmr_churn/unsynchronized_pool_resource");
 BENCHMARK(pmr_churn_synchronized_pool)->Name("pmr_churn/synchronized_pool_resource");
-BENCHMARK(pluggable_direct)->Name("pluggable/virtual_device_memory_direct");
-BENCHMARK(pluggable_entry_point)->Name("pluggable/pluggable_allocator<virtual_device_memory>");
+BENCHMARK(pluggable_direct)->Name("pluggable/simulated_device_memory_direct");
+BENCHMARK(pluggable_entry_point)->Name("pluggable/pluggable_allocator<simulated_device_memory>");
 BENCHMARK(pluggable_pool_direct)->Name("pluggable/stream_ordered_pool_direct");
 BENCHMARK(pluggable_pool_entry_point)->Name("pluggable/pluggable_allocator<stream_ordered_pool>");
 

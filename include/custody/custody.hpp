@@ -6,7 +6,7 @@
 /// Always (a plain C++20 compiler, no CUDA):
 ///   core/        errors, alignment, concepts (one argument order), resource_ref, statistics, ranks
 ///   platform/    host.hpp: worker-thread streams and events, virtual devices
-///   resource/    host_memory, virtual_device_memory, fault_injecting
+///   resource/    host_memory, simulated_device_memory, fault_injecting
 ///   pool/        stream_ordered_pool
 ///   staging/     staging_ring
 ///   debug/       tracking_resource, owner_scope, reports, the cross-rank merge
@@ -23,9 +23,9 @@
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/error.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/core/rank.hpp>
-#include <custody/core/report.hpp>
 #include <custody/core/resource_ref.hpp>
 #include <custody/core/statistics.hpp>
 
@@ -34,7 +34,7 @@
 
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/staging/staging_ring.hpp>
@@ -47,8 +47,8 @@
 
 #include <custody/interop/bind_device.hpp>
 #include <custody/interop/device_lock.hpp>
+#include <custody/interop/pluggable_allocator.hpp>
 #include <custody/interop/pmr.hpp>
-#include <custody/interop/torch_allocator.hpp>
 
 #if __has_include(<cuda_runtime_api.h>)
 #include <custody/buffer/device_buffer.hpp>

@@ -4,7 +4,7 @@
 // devices so that the C interface is tested without a GPU.
 #include "custody_torch_allocator.h"
 
-#include <custody/interop/torch_allocator.hpp>
+#include <custody/interop/pluggable_allocator.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 
@@ -21,7 +21,7 @@
 #include <custody/resource/cuda_async.hpp>
 #else
 #include <custody/platform/host.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 #endif
 
 namespace {
@@ -31,7 +31,7 @@ using platform = custody::cuda::platform;
 using upstream = custody::resource::cuda_async;
 #else
 using platform = custody::host::platform;
-using upstream = custody::resource::virtual_device_memory;
+using upstream = custody::host::simulated_device_memory;
 #endif
 
 /// The per-device resource: custody's stream-ordered pool over the device's memory.

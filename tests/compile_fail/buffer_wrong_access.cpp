@@ -2,10 +2,10 @@
 // read: freeing or reading through the wrong kind of resource is a compile error.
 #include <custody/buffer/buffer.hpp>
 #include <custody/platform/host.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 int main() {
-    custody::resource::virtual_device_memory device_memory(0, 1 << 20);
+    custody::host::simulated_device_memory device_memory(0, 1 << 20);
     custody::buffer<int, custody::host::platform, custody::device_accessible> ok(4, {}, device_memory);
     static_cast<void>(ok);
 #ifdef CUSTODY_COMPILE_FAIL

@@ -6,7 +6,7 @@
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include <cstddef>
 #include <memory>
@@ -21,17 +21,17 @@ struct host_memory_case {
     static constexpr bool exhaustible = true;
 };
 
-struct virtual_device_memory_case {
-    using resource = custody::resource::virtual_device_memory;
+struct simulated_device_memory_case {
+    using resource = custody::host::simulated_device_memory;
     static std::unique_ptr<resource> make() { return std::make_unique<resource>(1, std::size_t{1} << 30); }
     static constexpr std::size_t max_alignment = resource::max_alignment;
     static constexpr bool exhaustible = true;
 };
 
 struct fault_injecting_case {
-    using resource = custody::resource::fault_injecting<custody::resource::virtual_device_memory>;
+    using resource = custody::resource::fault_injecting<custody::host::simulated_device_memory>;
     static std::unique_ptr<resource> make() { return std::make_unique<resource>(2, std::size_t{1} << 30); }
-    static constexpr std::size_t max_alignment = custody::resource::virtual_device_memory::max_alignment;
+    static constexpr std::size_t max_alignment = custody::host::simulated_device_memory::max_alignment;
     static constexpr bool exhaustible = true;
 };
 
@@ -56,8 +56,8 @@ struct pool_over_host_memory_case {
     static constexpr bool exhaustible = true;
 };
 
-struct pool_over_virtual_device_memory_case {
-    using resource = custody::pool::stream_ordered_pool<custody::resource::virtual_device_memory>;
+struct pool_over_simulated_device_memory_case {
+    using resource = custody::pool::stream_ordered_pool<custody::host::simulated_device_memory>;
     static std::unique_ptr<resource> make() {
         custody::pool::pool_options options;
         options.growth_step = std::size_t{1} << 20; // several chunks in play even in short tests
@@ -69,8 +69,8 @@ struct pool_over_virtual_device_memory_case {
     static constexpr bool exhaustible = true;
 };
 
-using host_contract_cases = std::tuple<host_memory_case, virtual_device_memory_case, fault_injecting_case,
+using host_contract_cases = std::tuple<host_memory_case, simulated_device_memory_case, fault_injecting_case,
                                        tracking_host_memory_case, pool_over_host_memory_case,
-                                       pool_over_virtual_device_memory_case>;
+                                       pool_over_simulated_device_memory_case>;
 
 } // namespace custody::test

@@ -9,7 +9,7 @@
 #include <custody/debug/owner_scope.hpp>
 #include <custody/core/rank.hpp>
 #include <custody/debug/tracking_resource.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include <cstdio>
 #include <fstream>
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
     o.name = "rank" + std::to_string(rank.rank);
     o.rank = rank;
     o.on_leak = policy::ignore;
-    tracking_resource<resource::virtual_device_memory> t(o, rank.local_rank % host::platform::device_count(),
+    tracking_resource<host::simulated_device_memory> t(o, rank.local_rank % host::platform::device_count(),
                                                           std::size_t{1} << 30);
     host::stream stream(rank.local_rank % host::platform::device_count());
     std::vector<std::pair<void*, std::size_t>> cache;

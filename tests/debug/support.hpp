@@ -4,7 +4,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/platform/host.hpp>
 

@@ -87,7 +87,7 @@ TEST_CASE("function names lose their parameters, and long ones their template ar
     CHECK(short_function_name("inference::remember_kv_page(int, std::vector<int>&)") == "inference::remember_kv_page");
     CHECK(short_function_name("ns::type::operator()(int) const") == "ns::type::operator()");
     CHECK(short_function_name("main") == "main");
-    const std::string long_name = "custody::debug::tracking_resource<custody::resource::virtual_device_memory, "
+    const std::string long_name = "custody::debug::tracking_resource<custody::host::simulated_device_memory, "
                                   "custody::host::platform>::allocate(custody::host::stream_view, unsigned long)";
     CHECK(short_function_name(long_name) == "custody::debug::tracking_resource<...>::allocate");
 }

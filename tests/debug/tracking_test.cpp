@@ -4,7 +4,7 @@
 
 #include <custody/debug/tracking_resource.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/stream_gate.hpp"
 
@@ -656,7 +656,7 @@ TEST_CASE("bad arguments change nothing", "[debug][errors]") {
 }
 
 TEST_CASE("the tracker over a virtual device forwards its device and exhaustion", "[debug]") {
-    tracking_resource<resource::virtual_device_memory> t(quiet("vdm"), 3, std::size_t{1} << 20);
+    tracking_resource<host::simulated_device_memory> t(quiet("vdm"), 3, std::size_t{1} << 20);
     CHECK(t.device() == 3);
     void* p = t.allocate({}, 1000, 256);
     CHECK(t.upstream().used() == align_up(64, 256) + 1000 + 64);
@@ -699,7 +699,7 @@ TEST_CASE("8 threads with their own owners allocate and free through one tracker
 }
 
 TEST_CASE("try_allocate records like allocate and returns null when the upstream is exhausted", "[debug]") {
-    tracking_resource<resource::virtual_device_memory> t(quiet("try"), 1, std::size_t{1} << 16);
+    tracking_resource<host::simulated_device_memory> t(quiet("try"), 1, std::size_t{1} << 16);
     owner_scope s("prefill");
     void* p = t.try_allocate({}, 1000, 256);
     REQUIRE(p != nullptr);
@@ -737,7 +737,7 @@ TEST_CASE("the tracker is a custody resource", "[debug]") {
     static_assert(resource_with_statistics<tracker>);
     static_assert(device_bound_resource<tracker>);
     static_assert(has_property<tracker, host_accessible> && !has_property<tracker, device_accessible>);
-    static_assert(has_property<tracking_resource<resource::virtual_device_memory>, device_accessible>);
+    static_assert(has_property<tracking_resource<host::simulated_device_memory>, device_accessible>);
     tracker a(quiet("a"));
     tracker b(quiet("b"));
     CHECK(a == a);

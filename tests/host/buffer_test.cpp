@@ -3,7 +3,7 @@
 #include <custody/platform/host.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/checking_resource.hpp"
 #include "../support/stream_gate.hpp"
@@ -89,7 +89,7 @@ TEST_CASE("resize keeps the prefix, is stream-ordered and strong on failure", "[
 }
 
 TEST_CASE("bad buffer requests give typed errors and leak nothing", "[buffer]") {
-    custody::resource::virtual_device_memory r(2, 1 << 20);
+    custody::host::simulated_device_memory r(2, 1 << 20);
     CHECK_THROWS_AS(dev_buffer<double>(SIZE_MAX / 4, {}, r), std::length_error);
     CHECK_THROWS_AS(dev_buffer<double>(1 << 20, {}, r), custody::out_of_memory);
     CHECK(r.statistics().live_bytes == 0);
@@ -100,7 +100,7 @@ TEST_CASE("bad buffer requests give typed errors and leak nothing", "[buffer]") 
 }
 
 TEST_CASE("a scalar copies values in and out on its stream", "[buffer]") {
-    custody::resource::virtual_device_memory r(3, 1 << 20);
+    custody::host::simulated_device_memory r(3, 1 << 20);
     custody::host::stream s(3);
     custody::scalar<double, platform> x(s, r);
     x.set_value(2.5);

@@ -2,7 +2,7 @@
 #include <custody/platform/host.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/stream_gate.hpp"
 
@@ -10,20 +10,20 @@
 
 using custody::host::platform;
 using custody::resource::fault_injecting;
-using custody::resource::virtual_device_memory;
+using custody::host::simulated_device_memory;
 
 TEST_CASE("a device-bound resource allocates on its device whatever the caller has current", "[resource]") {
-    virtual_device_memory r(5, 1 << 20);
+    simulated_device_memory r(5, 1 << 20);
     custody::host::device_guard caller(2);
     void* p = r.allocate_sync(100, 256);
     CHECK(r.device_seen_by_last_allocation() == 5);
     CHECK(platform::current_device() == 2);
     r.deallocate_sync(p, 100, 256);
-    CHECK_THROWS_AS(virtual_device_memory(platform::device_count(), 1), std::invalid_argument);
+    CHECK_THROWS_AS(simulated_device_memory(platform::device_count(), 1), std::invalid_argument);
 }
 
-TEST_CASE("virtual device memory enforces its capacity and returns it when frees have run", "[resource]") {
-    virtual_device_memory r(0, 10000);
+TEST_CASE("simulated device memory enforces its capacity and returns it when frees have run", "[resource]") {
+    simulated_device_memory r(0, 10000);
     custody::host::stream s;
     void* a = r.allocate(s, 6000, 256);
     CHECK_THROWS_AS(r.allocate(s, 6000, 256), custody::out_of_memory);
@@ -41,7 +41,7 @@ TEST_CASE("virtual device memory enforces its capacity and returns it when frees
 }
 
 TEST_CASE("fault_injecting fails the Nth call and leaves the upstream unchanged", "[resource]") {
-    fault_injecting<virtual_device_memory> r(0, 1 << 20);
+    fault_injecting<simulated_device_memory> r(0, 1 << 20);
     custody::host::stream_view s;
     r.fail_at(3);
     void* a = r.allocate(s, 100, 256);

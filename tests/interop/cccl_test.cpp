@@ -11,7 +11,7 @@
 #include <custody/resource/host_memory.hpp>
 #include <custody/resource/managed.hpp>
 #include <custody/resource/pinned_host.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include <cuda_runtime_api.h>
 
@@ -52,7 +52,7 @@ static_assert(!cccl_stream_ordered_with<cccl_resource<custody::resource::host_me
 static_assert(!cccl_synchronous_with<cccl_resource<custody::resource::host_memory>, mr::device_accessible>);
 // Every host-platform resource: a virtual device's memory keeps its device_accessible property, and
 // an adaptor (fault injection) forwards its upstream's.
-static_assert(cccl_synchronous_with<cccl_resource<custody::resource::virtual_device_memory>, mr::device_accessible>);
+static_assert(cccl_synchronous_with<cccl_resource<custody::host::simulated_device_memory>, mr::device_accessible>);
 static_assert(cccl_synchronous_with<cccl_resource<custody::resource::fault_injecting<custody::resource::host_memory>>,
                                     mr::host_accessible>);
 // The spelling really is the one CCCL_VERSION names.

@@ -1,11 +1,11 @@
 // Compile-fail: std::pmr over memory the host cannot touch is refused at compile time.
 #include <custody/interop/pmr.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 int main() {
 #ifdef CUSTODY_COMPILE_FAIL
-    custody::resource::virtual_device_memory memory(0, 1 << 20);
+    custody::host::simulated_device_memory memory(0, 1 << 20);
 #else
     custody::resource::host_memory memory;
 #endif

@@ -3,7 +3,7 @@
 #include <custody/interop/thrust.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include <thrust/device_vector.h>
 #include <thrust/reduce.h>
@@ -23,7 +23,7 @@ static_assert(THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CPP, "this test runs 
 
 using custody::interop::thrust_allocator;
 using custody::resource::host_memory;
-using custody::resource::virtual_device_memory;
+using custody::host::simulated_device_memory;
 
 TEST_CASE("thrust::device_vector allocates through a custody resource", "[interop][thrust]") {
     host_memory memory;
@@ -44,10 +44,10 @@ TEST_CASE("thrust::device_vector allocates through a custody resource", "[intero
 }
 
 TEST_CASE("thrust_allocator orders frees on its stream", "[interop][thrust]") {
-    virtual_device_memory memory(3, 1 << 20);
+    simulated_device_memory memory(3, 1 << 20);
     custody::host::stream stream(3);
     {
-        using alloc = thrust_allocator<double, virtual_device_memory>;
+        using alloc = thrust_allocator<double, simulated_device_memory>;
         thrust::device_vector<double, alloc> v(100, 2.0, alloc(memory, stream.view()));
         CHECK(thrust::reduce(v.begin(), v.end()) == 200.0);
         CHECK(memory.device_seen_by_last_allocation() == 3);
@@ -59,8 +59,8 @@ TEST_CASE("thrust_allocator orders frees on its stream", "[interop][thrust]") {
 
 TEST_CASE("exhaustion through thrust_allocator is std::bad_alloc and leaves the container intact",
           "[interop][thrust]") {
-    virtual_device_memory memory(0, 64 * 1024);
-    using alloc = thrust_allocator<int, virtual_device_memory>;
+    simulated_device_memory memory(0, 64 * 1024);
+    using alloc = thrust_allocator<int, simulated_device_memory>;
     thrust::device_vector<int, alloc> v(1000, 7, alloc(memory));
     CHECK_THROWS_AS(v.resize(1 << 20), std::bad_alloc);
     CHECK(v.size() == 1000);

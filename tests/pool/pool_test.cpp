@@ -5,7 +5,7 @@
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/stream_gate.hpp"
 
@@ -28,14 +28,14 @@ using custody::pool::reuse_policy;
 using custody::pool::stream_ordered_pool;
 using custody::resource::fault_injecting;
 using custody::resource::host_memory;
-using custody::resource::virtual_device_memory;
+using custody::host::simulated_device_memory;
 namespace detail = custody::pool::detail;
 
 static_assert(custody::try_allocatable_resource<host_memory>);
 static_assert(custody::stream_ordered_resource<stream_ordered_pool<host_memory>>);
 static_assert(custody::resource_with_statistics<stream_ordered_pool<host_memory>>);
-static_assert(custody::device_bound_resource<stream_ordered_pool<virtual_device_memory>>);
-static_assert(custody::has_property<stream_ordered_pool<virtual_device_memory>, custody::device_accessible>);
+static_assert(custody::device_bound_resource<stream_ordered_pool<simulated_device_memory>>);
+static_assert(custody::has_property<stream_ordered_pool<simulated_device_memory>, custody::device_accessible>);
 static_assert(custody::has_property<stream_ordered_pool<host_memory>, custody::host_accessible>);
 static_assert(!std::is_copy_constructible_v<stream_ordered_pool<host_memory>> &&
               !std::is_move_constructible_v<stream_ordered_pool<host_memory>>);
@@ -159,7 +159,7 @@ TEST_CASE("the pool grows in chunks, reuses on the fast path and trims what is w
     pool_options o;
     o.initial_size = 4 * MiB;
     o.growth_step = 2 * MiB;
-    stream_ordered_pool<virtual_device_memory> pool(o, 0, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(o, 0, 64 * MiB);
     CHECK(pool.statistics().reserved_bytes == 4 * MiB);
     CHECK(pool.upstream().used() == 4 * MiB);
     custody::host::stream s;
@@ -276,7 +276,7 @@ TEST_CASE("large blocks are split and their free neighbours coalesced", "[pool]"
 
 TEST_CASE("destruction gives every chunk back and reports blocks still out", "[pool]") {
     failure_log log;
-    auto pool = std::make_unique<stream_ordered_pool<virtual_device_memory>>(pool_options{}, 0, 256 * MiB);
+    auto pool = std::make_unique<stream_ordered_pool<simulated_device_memory>>(pool_options{}, 0, 256 * MiB);
     void* p = pool->allocate_sync(4000, 256);
     REQUIRE(p != nullptr);
     const auto& upstream = pool->upstream();
@@ -300,7 +300,7 @@ TEST_CASE("a clean pool reports nothing when destroyed", "[pool]") {
 // ---- bad inputs ----------------------------------------------------------------------------------
 
 TEST_CASE("bad alignments and streams of another device are invalid_argument and change nothing", "[pool]") {
-    stream_ordered_pool<virtual_device_memory> pool(pool_options{}, 2, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(pool_options{}, 2, 64 * MiB);
     custody::host::stream own(2);
     void* held = pool.allocate(own, 5000, 256);
     const auto before = pool.detailed_statistics();
@@ -634,7 +634,7 @@ TEST_CASE("out_of_memory comes after a reclaim, says why, and leaves live blocks
     pool_options o;
     o.growth_step = 1 * MiB;
     o.maximum_size = 4 * MiB;
-    stream_ordered_pool<virtual_device_memory> pool(o, 0, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(o, 0, 64 * MiB);
     custody::host::stream a;
     custody::host::stream b;
     void* x = pool.allocate(a, 3 * MiB, 256);
@@ -725,7 +725,7 @@ TEST_CASE("the device budget keeps headroom, from a capacity or a memory query",
 }
 
 TEST_CASE("a failure of the upstream at any call leaves the pool consistent and loses nothing", "[pool][faults]") {
-    using upstream = fault_injecting<virtual_device_memory>;
+    using upstream = fault_injecting<simulated_device_memory>;
     // A fixed script of operations, replayed with the k-th upstream call failing, for every k.
     auto run = [](stream_ordered_pool<upstream>& pool, std::uint64_t fail_at, bool repeat, int& failures) {
         if (fail_at != 0) pool.upstream().fail_at(fail_at, repeat);
@@ -1095,7 +1095,7 @@ TEST_CASE("each stream takes one event from the stock when first seen, none afte
     pool_options o;
     o.initial_events = 2;
     o.event_batch = 2;
-    stream_ordered_pool<virtual_device_memory> pool(o, 4, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(o, 4, 64 * MiB);
     custody::host::device_guard on_device(4);
     std::vector<custody::host::stream> streams;
     for (int i = 0; i < 5; ++i) streams.emplace_back(4);
@@ -1112,13 +1112,13 @@ TEST_CASE("each stream takes one event from the stock when first seen, none afte
 TEST_CASE("an initial size the upstream cannot give is out_of_memory from the constructor", "[pool][oom]") {
     pool_options o;
     o.initial_size = 2 * MiB;
-    CHECK_THROWS_AS(stream_ordered_pool<virtual_device_memory>(o, 0, 1 * MiB), custody::out_of_memory);
+    CHECK_THROWS_AS(stream_ordered_pool<simulated_device_memory>(o, 0, 1 * MiB), custody::out_of_memory);
     o.maximum_size = 1 * MiB; // the limit applies to the initial chunk too
     CHECK_THROWS_AS(stream_ordered_pool<host_memory>(o), custody::out_of_memory);
 }
 
 TEST_CASE("a block given back on a stream of another device waits for it and stays accounted", "[pool][streams]") {
-    stream_ordered_pool<virtual_device_memory> pool(pool_options{}, 1, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(pool_options{}, 1, 64 * MiB);
     custody::host::stream own(1);
     custody::host::stream foreign(6);
     void* p = pool.allocate(own, 3000, 256);

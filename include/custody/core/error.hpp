@@ -16,7 +16,7 @@
 /// only in their expansion, so they compile wherever those headers are included by the caller.
 #pragma once
 
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/core/statistics.hpp>
 
 #include <cstddef>

@@ -86,7 +86,7 @@ inline std::optional<std::string> getenv_lookup(std::string_view name) {
 } // namespace detail
 
 /// Checks the invariants of `info` and returns it; throws rank_error with the offending values.
-inline rank_info validate(rank_info info) {
+inline rank_info validate_rank(rank_info info) {
     const std::string where = " (from " + info.source + ")";
     if (info.world_size < 1) {
         throw rank_error("custody: world size " + std::to_string(info.world_size) + " is not positive" + where);
@@ -133,7 +133,7 @@ inline rank_info read_launcher(const launcher_variables& vars, const std::string
             info.local_world_size = parse_count(vars.local_world_size, text);
         }
     }
-    return validate(std::move(info));
+    return validate_rank(std::move(info));
 }
 
 /// What a rank_error about `bad` adds when a later launcher's set is complete and consistent: the
@@ -232,10 +232,10 @@ struct host_placement {
     return placement;
 }
 
-/// A rank given by the caller, checked (see validate): throws rank_error unless
+/// A rank given by the caller, checked (see validate_rank): throws rank_error unless
 /// 0 <= rank < world_size and 0 <= local_rank < world_size.
 [[nodiscard]] inline rank_info make_rank(int rank, int local_rank, int world_size) {
-    return validate(rank_info{rank, local_rank, world_size, -1, "caller"});
+    return validate_rank(rank_info{rank, local_rank, world_size, -1, "caller"});
 }
 
 } // namespace custody

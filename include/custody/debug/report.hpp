@@ -136,11 +136,15 @@ private:
 ///
 ///  - throw_error: throws tracking_error. deallocate is noexcept, so a violation found there is
 ///    kept and thrown by the next throwing call on the tracker (allocate, allocate_sync,
-///    rethrow_pending); deallocate_checked throws at once. A leak at destruction is logged.
+///    rethrow_pending, check_guards); deallocate_checked throws at once. A leak at destruction is
+///    logged.
 ///  - abort: writes the report through custody::report_failure, then std::abort().
 ///  - log: writes the report through custody::report_failure and goes on.
-///  - callback: calls options.on_violation (which must not throw), then goes on.
-///  - ignore: records it (violations()) and goes on. Only meaningful for leaks.
+///  - callback: calls tracking_options::violation_callback with the violation (for a leak,
+///    tracking_options::leak_callback with the leak report), which must not throw, then goes on.
+///    Without a violation_callback, the violation is logged.
+///  - ignore: a violation is only counted and kept (violations(), the rank report); a leak is
+///    dropped.
 enum class policy { throw_error, abort, log, callback, ignore };
 
 /// Live memory grouped by owner and call stack.

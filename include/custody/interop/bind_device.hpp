@@ -174,7 +174,7 @@ template <platform Platform>
 /// Complexity: one all-gather of world_size claims, O(n log n) checking.
 template <platform Platform, claim_exchange Exchange>
 device_binding bind_device(const rank_info& rank, Exchange& exchange, const binding_options& options = {}) {
-    const rank_info checked = validate(rank);
+    const rank_info checked = validate_rank(rank);
     const int device = device_for<Platform>(checked);
     device_binding binding{checked, device, options.host.empty() ? detail::this_host_name() : options.host,
                            options.identify ? options.identify(device) : "device " + std::to_string(device)};

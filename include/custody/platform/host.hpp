@@ -323,6 +323,24 @@ struct platform {
 
 static_assert(custody::platform<platform>);
 
+/// Runs `free` once every task enqueued on `stream` so far has run: the free is itself enqueued
+/// (on the default stream it runs at once). If it cannot be enqueued (no memory for the queue
+/// node), waits for the stream and runs it then, so a free is never lost. The host platform's
+/// counterpart of cudaFreeAsync, for the deallocate of its resources.
+template <class Free>
+void free_after_stream(stream_view stream, Free free) noexcept {
+    if (stream.is_default()) {
+        free();
+        return;
+    }
+    try {
+        stream.enqueue(free);
+    } catch (...) {
+        platform::synchronize(stream);
+        free();
+    }
+}
+
 /// Sets and restores the calling thread's current virtual device.
 using device_guard = basic_device_guard<platform>;
 

@@ -24,7 +24,7 @@
 #include <custody/core/concepts.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/properties.hpp>
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/pool/capture_error.hpp>
 #include <custody/pool/detail/event_pool.hpp>

@@ -12,26 +12,6 @@
 
 namespace custody::resource {
 
-namespace detail {
-
-/// Frees `ptr` once every task enqueued on `stream` so far has run: the free is itself enqueued.
-/// If the task cannot be enqueued (no memory for the queue node), waits for the stream instead.
-template <class Free>
-void free_after_stream(host::stream_view stream, Free free) noexcept {
-    if (stream.is_default()) {
-        free();
-        return;
-    }
-    try {
-        stream.enqueue(free);
-    } catch (...) {
-        host::platform::synchronize(stream);
-        free();
-    }
-}
-
-} // namespace detail
-
 /// Aligned host memory (`operator new` with `std::align_val_t`), belonging to no device.
 ///
 /// Stream semantics: allocate returns memory usable at once. deallocate on a stream enqueues the
@@ -57,7 +37,7 @@ public:
         return raw_allocate_sync(bytes, alignment);
     }
     void raw_deallocate(stream_type stream, void* ptr, std::size_t, std::size_t alignment) noexcept {
-        detail::free_after_stream(stream, [ptr, alignment] { ::operator delete(ptr, std::align_val_t{alignment}); });
+        host::free_after_stream(stream, [ptr, alignment] { ::operator delete(ptr, std::align_val_t{alignment}); });
     }
 
     friend void get_property(const host_memory&, host_accessible) noexcept {}

@@ -16,7 +16,7 @@
 #include <custody/core/concepts.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/properties.hpp>
-#include <custody/core/report.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/platform/platform.hpp>
 #include <custody/staging/detail/ring_index.hpp>
 #include <custody/staging/errors.hpp>

@@ -162,7 +162,7 @@ static_assert(claim_exchange<claim_exchange_over>);
 /// ranks on one host chose one GPU, comparing GPU UUIDs. See interop::bind_device.
 inline device_binding bind_device(const rank_info& rank, communicator& comm, binding_options options = {}) {
     if (!options.identify) options.identify = &device_uuid;
-    const int expected = device_for<custody::cuda::platform>(validate(rank));
+    const int expected = device_for<custody::cuda::platform>(validate_rank(rank));
     if (comm.device() != expected) {
         throw rank_error("custody: rank " + std::to_string(rank.rank) + " would bind device " +
                          std::to_string(expected) + " but its communicator lives on device " +

@@ -48,7 +48,7 @@ namespace custody::interop::nccl {
         hosts.emplace_back(text, ::strnlen(text, slot_bytes));
     }
     const host_placement placement = place_on_host(hosts, rank);
-    return validate(rank_info{rank, placement.local_rank, size, placement.local_world_size, "nccl"});
+    return validate_rank(rank_info{rank, placement.local_rank, size, placement.local_world_size, "nccl"});
 }
 
 } // namespace custody::interop::nccl

@@ -1,6 +1,7 @@
 /// @file
-/// Where custody reports failures it must not throw: a CUDA call that failed inside a destructor or
-/// a `deallocate`, a leak found at destruction. Logging is a callback the application installs.
+/// `failure_callback`: where custody reports failures it must not throw (a CUDA call that failed
+/// inside a destructor or a `deallocate`, a leak found at destruction). Logging is a callback the
+/// application installs.
 #pragma once
 
 #include <atomic>

@@ -1,13 +1,12 @@
 /// @file
-/// `virtual_device_memory`: the memory of one virtual device of the host platform, with a capacity,
-/// standing in for a GPU's memory where there is no GPU.
+/// `host::simulated_device_memory`: the host platform's stand-in for a GPU's memory: the memory of
+/// one of its virtual devices, with a capacity. (Not CUDA virtual memory management.)
 #pragma once
 
 #include <custody/core/concepts.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/resource/detail/leaf.hpp>
-#include <custody/resource/host_memory.hpp>
 
 #include <gsl/assert>
 
@@ -17,7 +16,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace custody::resource {
+namespace custody::host {
 
 /// The memory of virtual device `device` of the host platform, limited to `capacity` bytes, the way
 /// a GPU's memory is limited. Lets exhaustion, per-device binding and stream-ordered frees be
@@ -30,14 +29,14 @@ namespace custody::resource {
 /// cudaFreeAsync.
 /// Thread safety: thread-safe (capacity kept with atomics). Maximum alignment: 4096.
 /// Equality: identity (each instance accounts its own capacity).
-class virtual_device_memory final : public detail::leaf<virtual_device_memory, host::platform> {
+class simulated_device_memory final : public resource::detail::leaf<simulated_device_memory, host::platform> {
 public:
-    static constexpr const char* name = "virtual_device_memory";
+    static constexpr const char* name = "simulated_device_memory";
     static constexpr std::size_t max_alignment = custody::max_alignment;
     static constexpr bool interchangeable = false;
 
     /// Memory of `device` (by default the calling thread's current device), `capacity` bytes.
-    explicit virtual_device_memory(int device = host::platform::current_device(),
+    explicit simulated_device_memory(int device = host::platform::current_device(),
                                    std::size_t capacity = std::size_t{8} << 30)
         : leaf(device), capacity_(capacity) {
         if (device < 0 || device >= host::platform::device_count()) {
@@ -45,11 +44,11 @@ public:
         }
     }
 
-    virtual_device_memory(const virtual_device_memory&) = delete;
-    virtual_device_memory& operator=(const virtual_device_memory&) = delete;
+    simulated_device_memory(const simulated_device_memory&) = delete;
+    simulated_device_memory& operator=(const simulated_device_memory&) = delete;
 
     /// Waits for frees still pending on streams, which refer to this resource.
-    ~virtual_device_memory() {
+    ~simulated_device_memory() {
         for (std::size_t n = pending_.load(); n != 0; n = pending_.load()) pending_.wait(n);
     }
 
@@ -79,14 +78,14 @@ public:
     }
     void raw_deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         pending_.fetch_add(1);
-        detail::free_after_stream(stream, [this, ptr, bytes, alignment] {
+        free_after_stream(stream, [this, ptr, bytes, alignment] {
             raw_deallocate_sync(ptr, bytes, alignment);
             pending_.fetch_sub(1);
             pending_.notify_all();
         });
     }
 
-    friend void get_property(const virtual_device_memory&, device_accessible) noexcept {}
+    friend void get_property(const simulated_device_memory&, device_accessible) noexcept {}
 
 private:
     std::size_t capacity_;
@@ -95,7 +94,7 @@ private:
     std::atomic<std::size_t> pending_{0}; // frees enqueued on streams and not yet run
 };
 
-static_assert(try_allocatable_resource<virtual_device_memory>);
-static_assert(has_property<virtual_device_memory, device_accessible>);
+static_assert(try_allocatable_resource<simulated_device_memory>);
+static_assert(has_property<simulated_device_memory, device_accessible>);
 
-} // namespace custody::resource
+} // namespace custody::host

@@ -1,9 +1,9 @@
-// interop/torch_allocator.hpp: the state behind the pluggable-allocator entry points, tested as a
+// interop/pluggable_allocator.hpp: the state behind the pluggable-allocator entry points, tested as a
 // class (the dlopen test drives the built library).
-#include <custody/interop/torch_allocator.hpp>
+#include <custody/interop/pluggable_allocator.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/resource/fault_injecting.hpp>
-#include <custody/resource/virtual_device_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/catch.hpp"
 
@@ -15,12 +15,12 @@
 #include <vector>
 
 using custody::interop::pluggable_allocator;
-using custody::resource::virtual_device_memory;
+using custody::host::simulated_device_memory;
 using host_platform = custody::host::platform;
 
 TEST_CASE("each call runs on its device and restores the caller's", "[interop][torch]") {
-    pluggable_allocator<virtual_device_memory> alloc(
-        4, [](int device) { return std::make_unique<virtual_device_memory>(device, 1 << 20); });
+    pluggable_allocator<simulated_device_memory> alloc(
+        4, [](int device) { return std::make_unique<simulated_device_memory>(device, 1 << 20); });
     custody::host::device_guard caller(1);
     void* p = alloc.alloc(512, 3, {});
     REQUIRE(p != nullptr);
@@ -33,9 +33,9 @@ TEST_CASE("each call runs on its device and restores the caller's", "[interop][t
 
 TEST_CASE("a device's resource is made once, even when threads race for it", "[interop][torch]") {
     std::atomic<int> made{0};
-    pluggable_allocator<virtual_device_memory> alloc(2, [&](int device) {
+    pluggable_allocator<simulated_device_memory> alloc(2, [&](int device) {
         made.fetch_add(1);
-        return std::make_unique<virtual_device_memory>(device, 1 << 20);
+        return std::make_unique<simulated_device_memory>(device, 1 << 20);
     });
     {
         std::vector<std::jthread> threads;
@@ -53,9 +53,9 @@ TEST_CASE("a device's resource is made once, even when threads race for it", "[i
 
 TEST_CASE("a factory that fails leaves the device unmade, to be tried again", "[interop][torch]") {
     int calls = 0;
-    pluggable_allocator<virtual_device_memory> alloc(1, [&](int device) -> std::unique_ptr<virtual_device_memory> {
+    pluggable_allocator<simulated_device_memory> alloc(1, [&](int device) -> std::unique_ptr<simulated_device_memory> {
         if (++calls == 1) throw std::runtime_error("device busy");
-        return std::make_unique<virtual_device_memory>(device, 1 << 20);
+        return std::make_unique<simulated_device_memory>(device, 1 << 20);
     });
     CHECK(alloc.alloc(64, 0, {}) == nullptr);
     CHECK(std::string(alloc.last_error()) == "device busy");
@@ -67,8 +67,8 @@ TEST_CASE("a factory that fails leaves the device unmade, to be tried again", "[
 }
 
 TEST_CASE("the last error is kept per thread", "[interop][torch]") {
-    pluggable_allocator<virtual_device_memory> alloc(
-        1, [](int device) { return std::make_unique<virtual_device_memory>(device, 1 << 20); });
+    pluggable_allocator<simulated_device_memory> alloc(
+        1, [](int device) { return std::make_unique<simulated_device_memory>(device, 1 << 20); });
     CHECK(alloc.alloc(64, 5, {}) == nullptr);
     std::string other;
     std::thread([&] { other = alloc.last_error(); }).join();
@@ -77,7 +77,7 @@ TEST_CASE("the last error is kept per thread", "[interop][torch]") {
 }
 
 TEST_CASE("injected exhaustion reaches the caller as null and changes nothing", "[interop][torch]") {
-    using faulty = custody::resource::fault_injecting<virtual_device_memory>;
+    using faulty = custody::resource::fault_injecting<simulated_device_memory>;
     pluggable_allocator<faulty> alloc(1, [](int device) { return std::make_unique<faulty>(device, 1 << 20); });
     void* a = alloc.alloc(1024, 0, {});
     REQUIRE(a != nullptr);

@@ -1,0 +1,199 @@
+/// @file
+/// `tracker_state`: what a tracking resource knows, behind one mutex: its ledger, its watches and
+/// its timeline. Every operation holds the mutex for O(1) work (listings aside) and copies out what
+/// a report needs, so that strings are built and stacks symbolized after the lock is released.
+#pragma once
+
+#include <custody/core/statistics.hpp>
+#include <custody/debug/detail/free_checks.hpp>
+#include <custody/debug/detail/ledger.hpp>
+#include <custody/debug/detail/timeline.hpp>
+#include <custody/debug/detail/watches.hpp>
+#include <custody/debug/owner_scope.hpp>
+#include <custody/debug/report.hpp>
+#include <custody/debug/tracking_options.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace custody::debug::detail {
+
+/// The ledger, watches and timeline of one tracker and the mutex that guards them.
+/// Thread safety: thread-safe. The mutex is never held while calling a callback, the upstream,
+/// the platform or the registry. Complexity: O(1) expected per call but the listings (O(records)).
+template <class Stream>
+class tracker_state {
+public:
+    using ledger_type = ledger<Stream>;
+    using record = typename ledger_type::record;
+    using outcome = free_outcome<record>;
+
+    tracker_state(const tracking_options& options, int rank)
+        : ledger_(options.remembered_frees), timeline_(options.kept_samples), rank_(rank),
+          check_device_(options.check_device), check_streams_(options.check_streams) {}
+
+    /// Records a block (see ledger::admit; strong guarantee) and runs the threshold watches,
+    /// appending those that fire to `fired`.
+    void admit(const void* inner, const admission<Stream>& a, std::vector<fired_watch>& fired) {
+        std::lock_guard lock(mutex_);
+        if (!watches_.empty()) fired.reserve(watches_.size()); // before the first change
+        const record& r = ledger_.admit(inner, a);
+        watch_change_locked(r.allocated.owner, r.totals->bytes, r.allocated.device, fired);
+    }
+
+    /// Numbers the free `call` and looks it up. A good free takes the block out of the ledger (and
+    /// copies its record into `out` when `keep_good`); a bad one leaves the ledger as it is, with
+    /// the record copied into `out` (but for an unknown pointer).
+    [[nodiscard]] free_verdict classify(free_call<Stream>& call, outcome& out, bool keep_good,
+                                        std::vector<fired_watch>& fired) noexcept {
+        std::lock_guard lock(mutex_);
+        call.site.sequence = ledger_.next_free_sequence();
+        typename ledger_type::entry* e = ledger_.find(call.ptr);
+        if (e == nullptr) return free_verdict::unknown;
+        const record& r = e->second;
+        if (!r.live) {
+            out.keep(r);
+            return free_verdict::freed_before;
+        }
+        if (const auto kind = misuse_of(r, call, check_device_, check_streams_)) {
+            out.misuse = *kind;
+            out.keep(r);
+            return free_verdict::misuse;
+        }
+        out.outer = r.outer;
+        out.total = r.total;
+        out.alignment = r.alignment;
+        if (keep_good) out.keep(r);
+        const owner_id owner = r.allocated.owner;
+        const owner_totals& totals = *r.totals;
+        const int device = r.allocated.device;
+        ledger_.release(*e, call.site); // `r` may be gone from here on
+        watch_change_locked(owner, totals.bytes, device, fired);
+        return free_verdict::good;
+    }
+
+    // ---- the streams a live block is used on: false (nothing changed) when it is not live -------
+
+    bool add_use(const void* ptr, Stream s) {
+        std::lock_guard lock(mutex_);
+        record* r = ledger_.find_live(ptr);
+        if (r != nullptr) r->uses.add(s);
+        return r != nullptr;
+    }
+    [[nodiscard]] std::optional<stream_uses<Stream>> uses_of(const void* ptr) const {
+        std::lock_guard lock(mutex_);
+        const record* r = ledger_.find_live(ptr);
+        if (r == nullptr) return std::nullopt;
+        return r->uses;
+    }
+    bool declare_ordered(const void* ptr, std::uintptr_t free_stream_key) {
+        std::lock_guard lock(mutex_);
+        record* r = ledger_.find_live(ptr);
+        if (r == nullptr) return false;
+        r->uses.ordered = true;
+        r->uses.ordered_onto = free_stream_key;
+        return true;
+    }
+
+    // ---- queries: copies -----------------------------------------------------------------------
+
+    [[nodiscard]] resource_statistics statistics() const noexcept {
+        std::lock_guard lock(mutex_);
+        return ledger_.statistics();
+    }
+    [[nodiscard]] std::optional<record> find_live(const void* ptr) const {
+        std::lock_guard lock(mutex_);
+        const record* r = ledger_.find_live(ptr);
+        if (r == nullptr) return std::nullopt;
+        return *r;
+    }
+    /// The live block `ptr` lies inside, past its start: its user pointer and record. O(records).
+    [[nodiscard]] std::optional<std::pair<const void*, record>> containing(const void* ptr) const {
+        std::lock_guard lock(mutex_);
+        const auto* e = ledger_.containing(ptr);
+        if (e == nullptr) return std::nullopt;
+        return std::pair<const void*, record>(e->first, e->second);
+    }
+    [[nodiscard]] std::vector<record> live_records() const {
+        std::vector<record> records;
+        std::lock_guard lock(mutex_);
+        records.reserve(ledger_.statistics().live_allocations);
+        ledger_.for_each_live([&](const record& r) { records.push_back(r); });
+        return records;
+    }
+    [[nodiscard]] std::vector<snapshot_entry> live_entries() const {
+        std::lock_guard lock(mutex_);
+        return ledger_.live_entries();
+    }
+    [[nodiscard]] owner_totals owner(owner_id id) const noexcept {
+        std::lock_guard lock(mutex_);
+        return ledger_.owner(id);
+    }
+
+    /// The live blocks (in no order) and the last sequence for a snapshot at `time_ns`; also takes
+    /// a timeline sample and runs the growth watches.
+    [[nodiscard]] std::pair<std::uint64_t, std::vector<snapshot_entry>> snapshot(std::int64_t time_ns,
+                                                                               std::vector<fired_watch>& fired) {
+        std::lock_guard lock(mutex_);
+        timeline_.sample(time_ns, ledger_.owners());
+        watches_.on_snapshot([&](const watch& w, owner_id owner) { return live_of_locked(w, owner); }, rank_, fired);
+        return {ledger_.last_sequence(), ledger_.live_entries()};
+    }
+
+    /// Fills the totals, owners, devices and timeline of a report (taking a sample at `time_ns`)
+    /// and returns the live blocks for its leak groups.
+    [[nodiscard]] std::vector<snapshot_entry> fill_report(rank_report& r, std::int64_t time_ns,
+                                                          std::int64_t start_unix_ns) {
+        std::lock_guard lock(mutex_);
+        r.totals = ledger_.statistics();
+        timeline_.sample(time_ns, ledger_.owners());
+        for (const auto& [id, o] : ledger_.owners()) {
+            if (o.count != 0 || o.peak != 0) r.owners.push_back(owner_usage{std::string(owner_name(id)), o.bytes, o.count, o.peak});
+        }
+        r.devices = ledger_.device_usages();
+        r.timeline = timeline_.report(start_unix_ns);
+        return ledger_.live_entries();
+    }
+
+    // ---- watches -------------------------------------------------------------------------------
+
+    /// Installs `w` (`owner`: w.owner interned); returns its id.
+    int add_watch(watch w, owner_id owner) {
+        std::lock_guard lock(mutex_);
+        const std::size_t live = live_of_locked(w, owner);
+        return watches_.add(std::move(w), owner, live);
+    }
+    bool remove_watch(int id) {
+        std::lock_guard lock(mutex_);
+        return watches_.remove(id);
+    }
+    /// The callback of watch `id` (empty when removed), copied: the caller calls it unlocked.
+    [[nodiscard]] std::function<void(const watch_event&)> watch_callback(int id) const {
+        std::lock_guard lock(mutex_);
+        return watches_.callback_of(id);
+    }
+
+private:
+    void watch_change_locked(owner_id owner, std::size_t owner_bytes, int device, std::vector<fired_watch>& fired) noexcept {
+        if (!watches_.empty()) watches_.on_change(owner, owner_bytes, device, ledger_.device(device).bytes, rank_, fired);
+    }
+    [[nodiscard]] std::size_t live_of_locked(const watch& w, owner_id owner) const noexcept {
+        return w.what == watch::subject::owner ? ledger_.owner(owner).bytes : ledger_.device(w.device).bytes;
+    }
+
+    mutable std::mutex mutex_; // guards the three below
+    ledger_type ledger_;
+    watch_set watches_;
+    timeline timeline_;
+    int rank_;
+    bool check_device_;
+    bool check_streams_;
+};
+
+} // namespace custody::debug::detail

@@ -1,0 +1,111 @@
+/// @file
+/// `watch_set`: the tracking resource's installed watches, which fire on a threshold crossed by an
+/// owner's or a device's live bytes, or on growth across consecutive snapshots.
+#pragma once
+
+#include <custody/core/failure_callback.hpp>
+#include <custody/debug/owner_scope.hpp>
+#include <custody/debug/tracking_options.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace custody::debug::detail {
+
+/// A watch that fired, with what it saw: its callback is called later, outside the tracker's lock.
+using fired_watch = std::pair<int, watch_event>;
+
+/// The watches of one tracker.
+/// Invariants: ids are unique and increasing; a threshold watch is `armed` iff its subject's live
+/// bytes were <= its threshold at the last change it saw (it fires once per upward crossing).
+/// Thread safety: none; the tracker's mutex guards it. Complexity: a change is O(watches).
+class watch_set {
+public:
+    /// Installs `w`, whose subject has `live` bytes now; `owner` is w.owner interned. Returns its id.
+    int add(watch w, owner_id owner, std::size_t live) {
+        installed i{++last_id_, owner, std::move(w)};
+        i.last_bytes = live;
+        i.armed = live <= i.spec.threshold_bytes;
+        watches_.push_back(std::move(i));
+        return last_id_;
+    }
+    /// Removes a watch; false when there is no such id.
+    bool remove(int id) {
+        return std::erase_if(watches_, [&](const installed& w) { return w.id == id; }) != 0;
+    }
+    [[nodiscard]] bool empty() const noexcept { return watches_.empty(); }
+    [[nodiscard]] std::size_t size() const noexcept { return watches_.size(); }
+
+    /// Runs the threshold watches of `owner` and of `device`, whose live bytes are now as given.
+    /// Appends what fires to `fired` (reserved for size() more by the caller).
+    void on_change(owner_id owner, std::size_t owner_bytes, int device, std::size_t device_bytes, int rank,
+                   std::vector<fired_watch>& fired) noexcept {
+        for (installed& w : watches_) {
+            if (w.spec.threshold_bytes == SIZE_MAX) continue;
+            const bool of_owner = w.spec.what == watch::subject::owner;
+            if (of_owner ? w.owner != owner : w.spec.device != device) continue;
+            const std::size_t live = of_owner ? owner_bytes : device_bytes;
+            if (live <= w.spec.threshold_bytes) {
+                w.armed = true;
+            } else if (w.armed) {
+                w.armed = false;
+                try {
+                    fired.emplace_back(w.id, event_of(w, live, false, rank));
+                } catch (...) {
+                    report_failure("custody: no memory to report a watch");
+                }
+            }
+        }
+    }
+
+    /// At a snapshot: runs the growth watches, `live_of(spec, owner)` giving each subject's bytes.
+    template <class LiveOf>
+    void on_snapshot(const LiveOf& live_of, int rank, std::vector<fired_watch>& fired) {
+        for (installed& w : watches_) {
+            const std::size_t live = live_of(w.spec, w.owner);
+            w.growths = live > w.last_bytes ? w.growths + 1 : 0;
+            w.last_bytes = live;
+            if (w.spec.growth_snapshots > 0 && w.growths == w.spec.growth_snapshots) {
+                fired.emplace_back(w.id, event_of(w, live, true, rank));
+            }
+        }
+    }
+
+    /// The callback of watch `id`; empty when it was removed.
+    [[nodiscard]] std::function<void(const watch_event&)> callback_of(int id) const {
+        for (const installed& w : watches_)
+            if (w.id == id) return w.spec.callback;
+        return {};
+    }
+
+private:
+    struct installed {
+        int id = 0;
+        owner_id owner = nullptr;
+        watch spec;
+        bool armed = true;          ///< the threshold may fire (live bytes were <= threshold since)
+        std::size_t last_bytes = 0; ///< at the previous snapshot
+        int growths = 0;            ///< consecutive snapshots with growth
+    };
+
+    [[nodiscard]] static watch_event event_of(const installed& w, std::size_t live, bool growth, int rank) {
+        watch_event e;
+        e.watch_id = w.id;
+        e.subject = w.spec.what == watch::subject::owner ? "owner '" + std::string(owner_name(w.owner)) + "'"
+                                                         : "device " + std::to_string(w.spec.device);
+        e.rank = rank;
+        e.live_bytes = live;
+        e.growth = growth;
+        e.consecutive_growths = w.growths;
+        return e;
+    }
+
+    std::vector<installed> watches_;
+    int last_id_ = 0;
+};
+
+} // namespace custody::debug::detail

@@ -1,0 +1,69 @@
+/// @file
+/// `tracking_options`: how a tracking resource checks, reports and remembers, with the live-bytes
+/// alarms it may carry (`watch`, and the `watch_event` a watch's callback receives). Plain values;
+/// every field has a safe default.
+#pragma once
+
+#include <custody/core/rank.hpp>
+#include <custody/debug/report.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace custody::debug {
+
+/// What a watch saw when it fired.
+struct watch_event {
+    int watch_id = 0;
+    std::string subject; ///< "owner 'decoder'" or "device 1"
+    int rank = 0;
+    std::size_t live_bytes = 0;
+    bool growth = false; ///< true: fired by growth across snapshots; false: by the threshold
+    int consecutive_growths = 0;
+};
+
+/// A live-bytes alarm: calls `callback` when the live bytes of one owner (exact name) or of one
+/// device rise above `threshold_bytes` (once per crossing; it re-arms below), or grow across
+/// `growth_snapshots` consecutive snapshots.
+struct watch {
+    enum class subject { owner, device };
+    subject what = subject::owner;
+    std::string owner;                      ///< for subject::owner: the exact owner name ("" = untagged)
+    int device = -1;                        ///< for subject::device
+    std::size_t threshold_bytes = SIZE_MAX; ///< SIZE_MAX: no threshold
+    int growth_snapshots = 0;               ///< 0: no growth alarm
+    /// Called outside the tracker's lock, on the thread that allocated or took the snapshot. Must
+    /// not throw: an exception it throws is reported through custody::report_failure and dropped.
+    std::function<void(const watch_event&)> callback;
+};
+
+/// The largest tracking_options::guard_bytes.
+inline constexpr std::size_t max_guard_bytes = 256;
+
+/// The tracking resource's options.
+struct tracking_options {
+    std::string name = "tracking"; ///< names the tracker in reports
+    std::optional<rank_info> rank; ///< default: detect_rank()
+    bool capture_stacks = false;   ///< record each allocation's call stack (backtrace)
+    bool canaries = true;          ///< guard bytes around each block, checked at free
+    std::size_t guard_bytes = 64;  ///< per side; 1..max_guard_bytes
+    unsigned char canary_byte = 0xCB;
+    bool poison = true;               ///< fill freed memory with poison_byte before giving it back
+    unsigned char poison_byte = 0xFF; ///< 0xFF.. is a NaN in float, bfloat16 and half
+    bool check_device = true;         ///< report frees on another device
+    bool check_streams = true;        ///< report frees on an unordered other stream
+    policy on_violation = policy::throw_error;
+    policy on_leak = policy::log; ///< at destruction; throw_error logs (destructors do not throw)
+    std::function<void(const violation&)> violation_callback; ///< policy::callback; must not throw
+    std::function<void(const leak_report&)> leak_callback;    ///< policy::callback for leaks
+    std::size_t remembered_frees = 4096; ///< freed blocks remembered to tell a double free
+    std::size_t kept_violations = 256;   ///< the most recent violations kept for reports
+    std::size_t kept_samples = 4096;     ///< the most recent timeline samples kept for reports
+    bool release_leaks = true;           ///< at destruction, give leaked blocks back to the upstream
+    bool precise_time = false;           ///< steady_clock per allocation instead of a coarse (ms) clock
+};
+
+} // namespace custody::debug
