@@ -7,6 +7,7 @@
 #include <custody/interop/pluggable_allocator.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
+#include <custody/resource/recorded_streams.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -34,9 +35,10 @@ using platform = custody::host::platform;
 using upstream = custody::host::simulated_device_memory;
 #endif
 
-/// The per-device resource: custody's stream-ordered pool over the device's memory.
+/// The per-device resource: custody's stream-ordered pool over the device's memory, holding blocks
+/// recorded on other streams until their work is done (PyTorch's record_stream).
 template <class Upstream>
-using device_pool = custody::pool::stream_ordered_pool<Upstream>;
+using device_pool = custody::resource::recorded_streams<custody::pool::stream_ordered_pool<Upstream>>;
 
 /// CUSTODY_TORCH_MAX_BYTES caps each device's memory (0 or unset: no cap beyond the device's).
 std::size_t max_bytes() {
@@ -69,12 +71,23 @@ allocator& instance() {
     return *the;
 }
 
-platform::stream_view stream_of([[maybe_unused]] void* stream) noexcept {
+platform::stream_view stream_of(void* stream) noexcept {
 #if defined(CUSTODY_TORCH_CUDA)
     return platform::stream_view(static_cast<cudaStream_t>(stream));
 #else
-    return {}; // opaque on the host platform: the default host stream
+    return platform::stream_view(static_cast<custody::host::detail::stream_state*>(stream));
 #endif
+}
+
+/// Why graph capture into a private pool is refused, for the capture hooks' callers.
+constexpr const char* capture_refusal =
+    "custody: CUDA graph capture into a private memory pool is not supported by this allocator yet; "
+    "allocate the graph's memory before capture, or capture with PyTorch's own allocator";
+
+/// Sets this thread's last error (through a call the allocator refuses) and returns -1.
+int refuse(const char* why) noexcept {
+    allocator::set_last_error(why);
+    return -1;
 }
 
 } // namespace
@@ -85,6 +98,10 @@ __attribute__((visibility("default"))) void* custody_alloc(ssize_t size, int dev
     return instance().alloc(size, device, stream_of(stream));
 }
 
+__attribute__((visibility("default"))) void* custody_torch_malloc(ssize_t size, int device, void* stream) {
+    return instance().allocate(size, device, stream_of(stream));
+}
+
 __attribute__((visibility("default"))) void custody_free(void* ptr, ssize_t size, int device, void* stream) {
     instance().free(ptr, size, device, stream_of(stream));
 }
@@ -92,10 +109,27 @@ __attribute__((visibility("default"))) void custody_free(void* ptr, ssize_t size
 __attribute__((visibility("default"))) int custody_stats(int device, custody_torch_stats* out) {
     if (out == nullptr || device < 0 || device >= instance().device_count()) return -1;
     const custody::resource_statistics s = instance().statistics(device);
-    *out = custody_torch_stats{s.live_bytes, s.peak_live_bytes, s.reserved_bytes, s.peak_reserved_bytes,
-                               s.live_allocations, s.allocations, s.deallocations};
+    std::uint64_t held = 0;
+    if (device_pool<upstream>* r = instance().find(device)) held = r->held_bytes();
+    *out = custody_torch_stats{s.live_bytes,     s.peak_live_bytes, s.reserved_bytes,
+                               s.peak_reserved_bytes, s.live_allocations, s.allocations,
+                               s.deallocations,  instance().out_of_memory_count(device), held};
     return 0;
 }
+
+__attribute__((visibility("default"))) int custody_record_stream(void* ptr, void* stream) {
+    return instance().record_stream(ptr, stream_of(stream)) ? 0 : -1;
+}
+
+__attribute__((visibility("default"))) size_t custody_empty_cache(void) { return instance().trim(-1); }
+
+__attribute__((visibility("default"))) int custody_begin_allocate_to_pool(int, uint64_t, uint64_t) {
+    return refuse(capture_refusal);
+}
+__attribute__((visibility("default"))) int custody_end_allocate_to_pool(int, uint64_t, uint64_t) {
+    return refuse(capture_refusal);
+}
+__attribute__((visibility("default"))) int custody_release_pool(int, uint64_t, uint64_t) { return 0; }
 
 __attribute__((visibility("default"))) size_t custody_trim(int device) { return instance().trim(device); }
 

@@ -1,12 +1,19 @@
 /* custody_torch_allocator: the C interface of the shared library that backs PyTorch's
  * CUDAPluggableAllocator with one custody pool per device.
  *
- *   torch.cuda.memory.CUDAPluggableAllocator(path, "custody_alloc", "custody_free")
+ *   torch.cuda.memory.CUDAPluggableAllocator(path, "custody_torch_malloc", "custody_free")
  *
- * Every function is thread-safe and never throws. A failed custody_alloc returns NULL and
- * custody_last_error() says why (on the calling thread). The stream is a cudaStream_t in the CUDA
- * build; the host build (virtual devices, for tests without a GPU) treats it as opaque and orders
- * everything on the default host stream. */
+ * (the Python package `custody` does this and installs the other hooks: custody.torch.enable()).
+ *
+ * Every function is thread-safe. Every function but custody_torch_malloc never throws: a failed
+ * call returns NULL (or -1) and custody_last_error() says why, on the calling thread.
+ * custody_torch_malloc is PyTorch's allocation function: it never returns NULL for a non-zero
+ * size; a failure throws a C++ exception (derived from std::exception, its what() custody's
+ * diagnostics), which PyTorch turns into a Python exception. Call it only from C++.
+ *
+ * The stream is a cudaStream_t in the CUDA build. In the host build (virtual devices, for tests
+ * without a GPU) it is NULL, the default host stream, or the state of a custody host stream
+ * (custody::host::stream_view::state()). */
 #ifndef CUSTODY_TORCH_ALLOCATOR_H
 #define CUSTODY_TORCH_ALLOCATOR_H
 
@@ -27,11 +34,29 @@ typedef struct custody_torch_stats {
     uint64_t live_allocations;
     uint64_t allocations;         /* successful allocations, ever */
     uint64_t deallocations;
+    uint64_t num_ooms;            /* allocations refused for want of memory */
+    uint64_t held_bytes;          /* freed, held until the streams they were recorded on finish */
 } custody_torch_stats;
 
-/* PyTorch's two entry points. size 0 returns NULL. */
+/* Allocation: size bytes on device, ordered on stream. size 0 returns NULL without an error.
+ * custody_alloc returns NULL on failure (for C callers); custody_torch_malloc throws (PyTorch's
+ * alloc function, see above). custody_free gives a block back on the stream it names. */
 void* custody_alloc(ssize_t size, int device, void* stream);
+void* custody_torch_malloc(ssize_t size, int device, void* stream);
 void custody_free(void* ptr, ssize_t size, int device, void* stream);
+
+/* PyTorch's record_stream hook: work enqueued on stream uses ptr (a live block). When ptr is freed
+ * it is held until that work has finished, then reused. 0, or -1 when it cannot be recorded. */
+int custody_record_stream(void* ptr, void* stream);
+/* PyTorch's empty_cache (reset) hook: gives every device's cached memory back to the device,
+ * after the work of held blocks has finished. Returns the bytes given back. */
+size_t custody_empty_cache(void);
+/* PyTorch's graph-capture hooks (begin/end allocating to a private pool, releasing it). Private
+ * pools are not served yet: begin always fails, with the reason in custody_last_error(), and an
+ * allocation on a stream under capture fails (custody_torch_malloc throws). Return 0 or -1. */
+int custody_begin_allocate_to_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second);
+int custody_end_allocate_to_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second);
+int custody_release_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second);
 
 /* Fills *out with device's counters (zeros before its first allocation). 0, or -1 for a bad device. */
 int custody_stats(int device, custody_torch_stats* out);
