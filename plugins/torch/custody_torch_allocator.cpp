@@ -10,6 +10,8 @@
 #include <custody/resource/recorded_streams.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -47,13 +49,23 @@ std::size_t max_bytes() {
     return static_cast<std::size_t>(std::strtoull(text, nullptr, 10));
 }
 
-/// Makes `device`'s pool with the default options (see docs/pool.md), capped by
-/// CUSTODY_TORCH_MAX_BYTES. On CUDA the pool keeps the device's headroom free, asking the device
-/// for its free memory at each growth; the host build's virtual devices are as large as the cap.
+/// What custody_configure set for the pools made afterwards (0 / SIZE_MAX: not set).
+std::atomic<std::size_t> configured_max_bytes{0};
+std::atomic<std::size_t> configured_headroom{SIZE_MAX};
+/// Set once the first pool is being made: custody_configure refuses from then on.
+std::atomic<bool> pools_made{false};
+
+/// Makes `device`'s pool with the default options (see docs/pool.md), capped by custody_configure's
+/// max_bytes or else CUSTODY_TORCH_MAX_BYTES. On CUDA the pool keeps the device's headroom free,
+/// asking the device for its free memory at each growth; the host build's virtual devices are as
+/// large as the cap.
 std::unique_ptr<device_pool<upstream>> make_device_pool(int device) {
+    pools_made.store(true);
     custody::pool::pool_options options;
-    const std::size_t cap = max_bytes();
+    const std::size_t configured = configured_max_bytes.load();
+    const std::size_t cap = configured != 0 ? configured : max_bytes();
     if (cap != 0) options.maximum_size = cap;
+    if (const std::size_t headroom = configured_headroom.load(); headroom != SIZE_MAX) options.device_headroom = headroom;
 #if defined(CUSTODY_TORCH_CUDA)
     options.memory_info = &custody::pool::cuda_memory_info;
     return std::make_unique<device_pool<upstream>>(options, device);
@@ -114,6 +126,21 @@ __attribute__((visibility("default"))) int custody_stats(int device, custody_tor
     *out = custody_torch_stats{s.live_bytes,     s.peak_live_bytes, s.reserved_bytes,
                                s.peak_reserved_bytes, s.live_allocations, s.allocations,
                                s.deallocations,  instance().out_of_memory_count(device), held};
+    return 0;
+}
+
+__attribute__((visibility("default"))) int custody_configure(const char* name, uint64_t value) {
+    const std::string key = name != nullptr ? name : "";
+    if (key != "max_bytes" && key != "device_headroom") {
+        allocator::set_last_error("custody: unknown option '" + key + "' (known: max_bytes, device_headroom)");
+        return -1;
+    }
+    if (pools_made.load()) {
+        allocator::set_last_error("custody: option '" + key + "' set after the first allocation; set options before it");
+        return -1;
+    }
+    (key == "max_bytes" ? configured_max_bytes : configured_headroom).store(static_cast<std::size_t>(value));
+    allocator::set_last_error("");
     return 0;
 }
 

@@ -45,6 +45,12 @@ void* custody_alloc(ssize_t size, int device, void* stream);
 void* custody_torch_malloc(ssize_t size, int device, void* stream);
 void custody_free(void* ptr, ssize_t size, int device, void* stream);
 
+/* Sets an option of every device's pool, before the first allocation: "max_bytes" (a cap per
+ * device; 0: none beyond the device, or CUSTODY_TORCH_MAX_BYTES when set) or "device_headroom"
+ * (bytes of the device the pool leaves free, CUDA build; default 1 GiB). Returns 0, or -1 (see
+ * custody_last_error) for an unknown name or once a pool exists. */
+int custody_configure(const char* name, uint64_t value);
+
 /* PyTorch's record_stream hook: work enqueued on stream uses ptr (a live block). When ptr is freed
  * it is held until that work has finished, then reused. 0, or -1 when it cannot be recorded. */
 int custody_record_stream(void* ptr, void* stream);

@@ -32,6 +32,7 @@ struct plugin {
     decltype(&custody_torch_malloc) torch_malloc = nullptr;
     decltype(&custody_free) free = nullptr;
     decltype(&custody_record_stream) record_stream = nullptr;
+    decltype(&custody_configure) configure = nullptr;
     decltype(&custody_empty_cache) empty_cache = nullptr;
     decltype(&custody_begin_allocate_to_pool) begin_allocate_to_pool = nullptr;
     decltype(&custody_end_allocate_to_pool) end_allocate_to_pool = nullptr;
@@ -58,6 +59,7 @@ struct plugin {
         bind(torch_malloc, "custody_torch_malloc");
         bind(free, "custody_free");
         bind(record_stream, "custody_record_stream");
+        bind(configure, "custody_configure");
         bind(empty_cache, "custody_empty_cache");
         bind(begin_allocate_to_pool, "custody_begin_allocate_to_pool");
         bind(end_allocate_to_pool, "custody_end_allocate_to_pool");
@@ -274,4 +276,14 @@ TEST_CASE("graph capture into a private pool is refused loudly", "[interop][torc
     CHECK(lib().end_allocate_to_pool(0, 1, 0) == -1);
     CHECK_THAT(lib().last_error(), custody_test::contains("graph capture"));
     CHECK(lib().release_pool(0, 1, 0) == 0);
+}
+
+TEST_CASE("options are refused by name when unknown, and once a pool exists", "[interop][torch]") {
+    CHECK(lib().configure("no_such_option", 1) == -1);
+    CHECK_THAT(lib().last_error(), custody_test::contains("unknown option 'no_such_option'"));
+    void* p = lib().alloc(256, 7, nullptr);
+    REQUIRE(p != nullptr);
+    CHECK(lib().configure("max_bytes", 1 << 20) == -1);
+    CHECK_THAT(lib().last_error(), custody_test::contains("after the first allocation"));
+    lib().free(p, 256, 7, nullptr);
 }
