@@ -4,6 +4,7 @@
 // devices so that the C interface is tested without a GPU.
 #include "custody_torch_allocator.h"
 
+#include <custody/interop/device_lock.hpp>
 #include <custody/interop/pluggable_allocator.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
@@ -16,7 +17,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #if defined(CUSTODY_TORCH_CUDA)
 #include <custody/platform/cuda.hpp>
@@ -142,6 +145,25 @@ __attribute__((visibility("default"))) int custody_configure(const char* name, u
     (key == "max_bytes" ? configured_max_bytes : configured_headroom).store(static_cast<std::size_t>(value));
     allocator::set_last_error("");
     return 0;
+}
+
+__attribute__((visibility("default"))) int custody_claim_device(const char* device_id, int rank, int device) {
+    // The claims this process holds, kept until it exits.
+    static std::mutex mutex;
+    static auto* const claims = new std::vector<custody::interop::device_lock>;
+    try {
+        if (device_id == nullptr || *device_id == '\0') throw std::invalid_argument("custody: empty device identity");
+        custody::interop::device_lock lock = custody::interop::device_lock::claim(device_id, rank, device);
+        std::lock_guard guard(mutex);
+        claims->push_back(std::move(lock));
+        allocator::set_last_error("");
+        return 0;
+    } catch (const std::exception& e) {
+        allocator::set_last_error(e.what());
+    } catch (...) {
+        allocator::set_last_error("custody: unknown exception claiming a device");
+    }
+    return -1;
 }
 
 __attribute__((visibility("default"))) int custody_record_stream(void* ptr, void* stream) {

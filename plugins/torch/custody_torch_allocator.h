@@ -51,6 +51,12 @@ void custody_free(void* ptr, ssize_t size, int device, void* stream);
  * custody_last_error) for an unknown name or once a pool exists. */
 int custody_configure(const char* name, uint64_t value);
 
+/* Claims the GPU whose identity is device_id (its UUID) for rank, which calls it device, until the
+ * process exits (custody::interop::device_lock; lock files in $CUSTODY_RUNTIME_DIR or
+ * /tmp/custody-<uid>). Returns 0, or -1 when another process holds it: custody_last_error() then
+ * names both ranks. */
+int custody_claim_device(const char* device_id, int rank, int device);
+
 /* PyTorch's record_stream hook: work enqueued on stream uses ptr (a live block). When ptr is freed
  * it is held until that work has finished, then reused. 0, or -1 when it cannot be recorded. */
 int custody_record_stream(void* ptr, void* stream);
