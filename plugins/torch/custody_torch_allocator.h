@@ -45,9 +45,10 @@ void* custody_alloc(ssize_t size, int device, void* stream);
 void* custody_torch_malloc(ssize_t size, int device, void* stream);
 void custody_free(void* ptr, ssize_t size, int device, void* stream);
 
-/* Sets an option of every device's pool, before the first allocation: "max_bytes" (a cap per
- * device; 0: none beyond the device, or CUSTODY_TORCH_MAX_BYTES when set) or "device_headroom"
- * (bytes of the device the pool leaves free, CUDA build; default 1 GiB). Returns 0, or -1 (see
+/* Sets an option before the first allocation: "max_bytes" (a cap per device; 0: none beyond the
+ * device, or CUSTODY_TORCH_MAX_BYTES when set), "device_headroom" (bytes of the device the pool
+ * leaves free, CUDA build; default 1 GiB) or "tracking" (1: every allocation goes through custody's
+ * tracking resource, for owners, snapshots and per-rank reports). Returns 0, or -1 (see
  * custody_last_error) for an unknown name or once a pool exists. */
 int custody_configure(const char* name, uint64_t value);
 
@@ -77,6 +78,19 @@ size_t custody_trim(int device);
 /* Writes a text report (one line per device in use) into buffer, NUL-terminated and truncated to
  * capacity; returns the length of the whole report (as snprintf). */
 size_t custody_report(char* buffer, size_t capacity);
+/* Tracking (with "tracking" configured on). Owner scopes are per thread and nest ("decode" then
+ * "kv_cache" names "decode/kv_cache"); what the thread allocates inside is that owner's.
+ * push/pop return 0 or -1; custody_owner_current copies the current owner's name (as
+ * custody_report). custody_owners writes device's live memory per owner as a JSON array of
+ * {"owner", "live_bytes", "live_count", "peak_bytes"} (device -1: the first device in use) and
+ * returns its length, or -1. custody_write_report writes the rank's JSON report (the schema of
+ * docs/debug-report-schema.json, which custody-merge reads) to path; 0 or -1. */
+int custody_owner_push(const char* name);
+int custody_owner_pop(void);
+size_t custody_owner_current(char* buffer, size_t capacity);
+ssize_t custody_owners(int device, char* buffer, size_t capacity);
+int custody_write_report(int device, const char* path);
+
 /* Why this thread's last call failed ("" if it did not). */
 const char* custody_last_error(void);
 /* "cuda" or "host", and the number of devices served. */

@@ -5,6 +5,7 @@ errors through this module alone. The library found is, in order: $CUSTODY_LIBRA
 installed in the package, the host build installed in the package (virtual devices, for tests)."""
 
 import ctypes
+import json
 import os
 import pathlib
 import threading
@@ -71,6 +72,11 @@ class Library:
             "custody_record_stream": (c_int, [vp, vp]),
             "custody_empty_cache": (size_t, []),
             "custody_begin_allocate_to_pool": (c_int, [c_int, u64, u64]),
+            "custody_owner_push": (c_int, [ctypes.c_char_p]),
+            "custody_owner_pop": (c_int, []),
+            "custody_owner_current": (size_t, [ctypes.c_char_p, size_t]),
+            "custody_owners": (ssize_t, [c_int, ctypes.c_char_p, size_t]),
+            "custody_write_report": (c_int, [c_int, ctypes.c_char_p]),
         }
         for name, (restype, argtypes) in signatures.items():
             function = getattr(lib, name)
@@ -132,11 +138,38 @@ class Library:
     def trim(self, device=-1):
         return self._lib.custody_trim(device)
 
-    def report(self):
-        size = self._lib.custody_report(None, 0)
+    @staticmethod
+    def _text(function, *args):
+        """The whole text of a function with snprintf semantics (as custody_report)."""
+        size = function(*args, None, 0)
         buffer = ctypes.create_string_buffer(size + 1)
-        self._lib.custody_report(buffer, size + 1)
+        function(*args, buffer, size + 1)
         return buffer.value.decode("utf-8", "replace")
+
+    def report(self):
+        """One text line per device in use."""
+        return self._text(self._lib.custody_report)
+
+    def owner_push(self, name):
+        self._check(self._lib.custody_owner_push(name.encode()))
+
+    def owner_pop(self):
+        self._check(self._lib.custody_owner_pop())
+
+    def owner_current(self):
+        return self._text(self._lib.custody_owner_current)
+
+    def owners(self, device=-1):
+        """Live memory per owner of `device` (tracking on): a list of dicts."""
+        size = self._lib.custody_owners(device, None, 0)
+        if size < 0:
+            raise CustodyError(self.last_error())
+        buffer = ctypes.create_string_buffer(size + 1)
+        self._lib.custody_owners(device, buffer, size + 1)
+        return json.loads(buffer.value.decode("utf-8", "replace"))
+
+    def write_report(self, device, path):
+        self._check(self._lib.custody_write_report(device, str(path).encode()))
 
     def begin_allocate_to_pool(self, device, pool_id):
         """PyTorch's begin-allocate-to-pool hook: refused (raises CustodyError) until private pools

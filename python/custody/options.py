@@ -13,7 +13,9 @@ ENVIRONMENT = {
     "max_bytes": "CUSTODY_MAX_BYTES",
     "device_headroom": "CUSTODY_DEVICE_HEADROOM",
     "claim_device": "CUSTODY_CLAIM_DEVICE",
+    "tracking": "CUSTODY_TRACKING",
 }
+_BOOLEANS = {"claim_device": True, "tracking": False}  # boolean options and their defaults
 
 _UNITS = {"": 1, "k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "t": 1000 ** 4,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -50,8 +52,11 @@ def resolve(environ=None, **given):
     for name, variable in ENVIRONMENT.items():
         value = given.get(name)
         from_env = environ.get(variable)
-        if name == "claim_device":
-            value = _parse_bool(from_env, variable) if from_env not in (None, "") else (True if value is None else bool(value))
+        if name in _BOOLEANS:
+            if from_env not in (None, ""):
+                value = _parse_bool(from_env, variable)
+            else:
+                value = _BOOLEANS[name] if value is None else bool(value)
         elif from_env not in (None, ""):
             value = parse_bytes(from_env, variable)
         elif value is not None:

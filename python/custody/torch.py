@@ -25,8 +25,10 @@ from . import options as _options
 from . import stats as _stats
 from ._library import OUT_OF_MEMORY_MARK, CustodyError, library, library_path
 from .ranks import claim_device, rank_info
+from .tracking import LeakWatch, diff, owner, snapshot, write_report
 
-__all__ = ["enable", "enabled", "memory_stats", "memory_summary", "oom_as_torch_error", "TooLateError"]
+__all__ = ["enable", "enabled", "memory_stats", "memory_summary", "oom_as_torch_error", "TooLateError", "owner",
+           "snapshot", "diff", "LeakWatch", "write_report"]
 
 CAPTURE_REFUSAL = ("custody: CUDA graph capture is not supported by custody's allocator yet (no "
                    "capture-private pools); capture without custody.torch.enable(), or run the model uncaptured")
@@ -43,22 +45,25 @@ def enabled():
     return _state["lib"] is not None
 
 
-def enable(*, max_bytes=None, device_headroom=None, claim_device=None, library_file=None):
+def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=None, library_file=None):
     """Makes custody PyTorch's CUDA allocator. Call it before anything touches CUDA (right after
     `import torch`): PyTorch cannot change allocators once CUDA is initialized, and this raises
     TooLateError then.
 
     max_bytes: each device's cap (bytes, or a size like "20GiB"); device_headroom: bytes of each
     device left free for what custody does not own (NCCL, cuBLAS workspaces; default 1 GiB);
-    claim_device (default True): claim this rank's GPU so that a second rank on it fails at once,
-    naming both ranks. Each is overridden by its environment variable (custody.options.ENVIRONMENT:
-    CUSTODY_MAX_BYTES, CUSTODY_DEVICE_HEADROOM, CUSTODY_CLAIM_DEVICE), for jobs launched by
+    tracking (default False): every allocation through custody's tracking resource, for
+    owner(), snapshot(), LeakWatch and write_report(); claim_device (default True): claim this
+    rank's GPU so that a second rank on it fails at once, naming both ranks. Each is overridden by
+    its environment variable (custody.options.ENVIRONMENT: CUSTODY_MAX_BYTES,
+    CUSTODY_DEVICE_HEADROOM, CUSTODY_TRACKING, CUSTODY_CLAIM_DEVICE), for jobs launched by
     torchrun. Returns the options in force."""
     import torch
 
     if enabled():
         return dict(_state["options"])
-    chosen = _options.resolve(max_bytes=max_bytes, device_headroom=device_headroom, claim_device=claim_device)
+    chosen = _options.resolve(max_bytes=max_bytes, device_headroom=device_headroom, tracking=tracking,
+                              claim_device=claim_device)
     if torch.cuda.is_initialized():
         raise TooLateError("custody: custody.torch.enable() came after CUDA was initialized (something already "
                            "allocated CUDA memory or queried a device); PyTorch cannot change its allocator then. "
@@ -71,6 +76,7 @@ def enable(*, max_bytes=None, device_headroom=None, claim_device=None, library_f
     for name in ("max_bytes", "device_headroom"):
         if chosen[name] is not None:
             lib.configure(name, chosen[name])
+    lib.configure("tracking", 1 if chosen["tracking"] else 0)
     allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "custody_torch_malloc", "custody_free")
     try:
         torch.cuda.memory.change_current_allocator(allocator)
