@@ -5,12 +5,16 @@
 
 #include <custody/core/error.hpp>
 #include <custody/platform/cuda.hpp>
+#include <custody/platform/platform.hpp>
+
+#include "../support/failure_log.hpp"
 
 #include <cuda_runtime_api.h>
 #ifdef CUSTODY_WITH_NCCL
 #include <nccl.h>
 #endif
 
+#include <stdexcept>
 #include <string>
 
 TEST_CASE("CUSTODY_CUDA_TRY throws cuda_error with the call, the error's name and code, and file:line", "[cuda][core]") {
@@ -33,6 +37,31 @@ TEST_CASE("device_count is 0, not an exception, when there is no device", "[cuda
     const int n = custody::cuda::device_count();
     CHECK(n >= 0);
     if (n == 0) CHECK_THROWS_AS(custody::cuda::stream(0), custody::cuda_error);
+}
+
+TEST_CASE("a failure that is the runtime unloading goes unreported on noexcept paths, any other is reported",
+          "[cuda][platform]") {
+    CHECK(custody::cuda::is_exiting(cudaErrorCudartUnloading));
+    CHECK_FALSE(custody::cuda::is_exiting(cudaErrorInvalidValue));
+    const custody::cuda_error unloading(cudaErrorCudartUnloading, "cudaErrorCudartUnloading", "cudaEventSynchronize(e)");
+    const custody::cuda_error invalid(cudaErrorInvalidValue, "cudaErrorInvalidValue", "cudaEventSynchronize(e)");
+    CHECK(custody::cuda::platform::is_exiting(unloading));
+    CHECK_FALSE(custody::cuda::platform::is_exiting(invalid));
+    CHECK_FALSE(custody::cuda::platform::is_exiting(std::runtime_error("not CUDA's")));
+
+    custody::test::failure_log log;
+    CHECK_FALSE(custody::run_exit_tolerant<custody::cuda::platform>("waiting", [&] { throw unloading; }));
+    CHECK(log.lines().empty());
+    CHECK_FALSE(custody::run_exit_tolerant<custody::cuda::platform>("waiting", [&] { throw invalid; }));
+    REQUIRE(log.lines().size() == 1);
+    CHECK_THAT(log.lines()[0], custody_test::contains("waiting failed: cudaErrorInvalidValue"));
+    CHECK(custody::run_exit_tolerant<custody::cuda::platform>("waiting", [] {}));
+
+    CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaErrorCudartUnloading); // a call that failed so
+    CHECK(log.lines().size() == 1);
+    CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaErrorInvalidValue);
+    REQUIRE(log.lines().size() == 2);
+    CHECK_THAT(log.lines()[1], custody_test::contains("cudaErrorInvalidValue"));
 }
 
 #ifdef CUSTODY_WITH_NCCL

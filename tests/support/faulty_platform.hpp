@@ -113,6 +113,10 @@ struct faulty_platform {
     static void synchronize_device(int device) { host::platform::synchronize_device(device); }
     static void wait(stream_view s, const event& e) { host::platform::wait(s.host_view(), e.host_event()); }
     [[nodiscard]] static bool is_capturing(stream_view) noexcept { return false; }
+    [[nodiscard]] static bool is_exiting(const std::exception& e) noexcept {
+        const auto* fault = dynamic_cast<const platform_fault*>(&e);
+        return fault != nullptr && fault->exiting();
+    }
     static void memcpy_async(void* dst, const void* src, std::size_t bytes, stream_view s) {
         host::platform::memcpy_async(dst, src, bytes, s.host_view());
     }

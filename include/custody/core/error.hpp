@@ -14,6 +14,8 @@
 ///
 /// This header includes no CUDA header: the check macros below name CUDA and NCCL functions
 /// only in their expansion, so they compile wherever those headers are included by the caller.
+/// Their counterpart for noexcept paths, CUSTODY_CUDA_ASSERT_NOEXCEPT, is the cuda platform's
+/// (platform/cuda.hpp): it knows when a failure is the process exiting.
 #pragma once
 
 #include <custody/core/failure_callback.hpp>
@@ -163,18 +165,5 @@ namespace detail {
             ::custody::detail::throw_nccl_error(static_cast<int>(custody_status_),                      \
                                                 ncclGetErrorString(custody_status_), #call,             \
                                                 std::source_location::current());                       \
-        }                                                                                               \
-    } while (false)
-
-/// For noexcept paths (deallocate, destructors): evaluates a CUDA call and, on failure, clears the
-/// sticky error and reports it through custody's error callback instead of throwing.
-#define CUSTODY_CUDA_ASSERT_NOEXCEPT(call)                                                              \
-    do {                                                                                                \
-        const auto custody_status_ = (call);                                                            \
-        /* cudaErrorCudartUnloading: the process is exiting and the driver reclaims everything. */      \
-        if (custody_status_ != cudaSuccess && custody_status_ != cudaErrorCudartUnloading) {            \
-            static_cast<void>(cudaGetLastError());                                                      \
-            ::custody::report_noexcept_failure(#call, cudaGetErrorName(custody_status_),                \
-                                               std::source_location::current());                        \
         }                                                                                               \
     } while (false)

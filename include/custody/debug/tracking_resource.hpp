@@ -11,8 +11,6 @@
 ///   report.hpp                 violation, tracking_error, policy, leak_report, snapshot, diff, rank_report
 ///   json_report.hpp            rank_report <-> JSON (docs/debug-report-schema.json)
 ///   merge.hpp                  N rank reports -> cross-rank table and Chrome/Perfetto trace
-///   nccl_rank.hpp              the rank from an NCCL communicator
-///   nccl_summary.hpp           the live cross-rank view, gathered over NCCL
 ///   detail/tracker_state.hpp   what a tracker knows, behind its mutex: ledger, watches, timeline
 ///     detail/ledger.hpp        live and remembered freed blocks; totals per owner and device
 ///     detail/watches.hpp       threshold and growth alarms
@@ -23,7 +21,11 @@
 ///   detail/tracker_clock.hpp   the tracker's time
 ///   detail/registry.hpp        the live trackers, asked who handed out a foreign pointer
 ///   detail/call_stack.hpp      call stacks, captured cheaply, symbolized for reports
-/// The rank itself (rank_info, detect_rank()) is core/rank.hpp.
+///     detail/symbolizer.hpp    addresses -> function, file, line (libdw)
+///     detail/dwarf_unit_index.hpp  one DWARF unit's functions, for the symbolizer's search
+///     detail/frame_text.hpp    one frame's text in a report, written and read back
+/// The rank itself (rank_info, detect_rank()) is core/rank.hpp; the rank from an NCCL communicator
+/// and the live cross-rank view gathered over NCCL are in interop/nccl/.
 #pragma once
 
 #include <custody/core/align.hpp>

@@ -13,11 +13,31 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <new>
+#include <source_location>
 #include <string_view>
 #include <utility>
 
+/// For noexcept paths (deallocate, destructors): evaluates a CUDA call and, on failure, clears the
+/// sticky error and reports it through custody's failure callback instead of throwing, unless the
+/// failure is the process exiting (custody::cuda::is_exiting).
+#define CUSTODY_CUDA_ASSERT_NOEXCEPT(call)                                                              \
+    do {                                                                                                \
+        const cudaError_t custody_status_ = (call);                                                     \
+        if (custody_status_ != cudaSuccess && !::custody::cuda::is_exiting(custody_status_)) {          \
+            static_cast<void>(cudaGetLastError());                                                      \
+            ::custody::report_noexcept_failure(#call, cudaGetErrorName(custody_status_),                \
+                                               std::source_location::current());                        \
+        }                                                                                               \
+    } while (false)
+
 namespace custody::cuda {
+
+/// Whether a failed call's `status` is the process exiting: the CUDA runtime is unloading and the
+/// driver reclaims everything, so a noexcept path has nothing to report (CUSTODY_CUDA_ASSERT_NOEXCEPT,
+/// and through platform::is_exiting, custody::run_exit_tolerant).
+[[nodiscard]] constexpr bool is_exiting(cudaError_t status) noexcept { return status == cudaErrorCudartUnloading; }
 
 /// Number of visible CUDA devices; 0 when there is no device or no driver (never throws for that).
 [[nodiscard]] inline int device_count() noexcept {
@@ -144,6 +164,10 @@ struct platform {
     static void synchronize(stream_view s) { CUSTODY_CUDA_TRY(cudaStreamSynchronize(s.get())); }
     static void synchronize_device(int device);
     static void wait(stream_view s, const event& e) { CUSTODY_CUDA_TRY(cudaStreamWaitEvent(s.get(), e.get(), 0)); }
+    [[nodiscard]] static bool is_exiting(const std::exception& e) noexcept {
+        const auto* failed = dynamic_cast<const cuda_error*>(&e);
+        return failed != nullptr && cuda::is_exiting(static_cast<cudaError_t>(failed->code()));
+    }
     [[nodiscard]] static bool is_capturing(stream_view s) {
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
         CUSTODY_CUDA_TRY(cudaStreamIsCapturing(s.get(), &status));

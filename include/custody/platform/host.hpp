@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -311,6 +312,8 @@ struct platform {
         s.state()->enqueue([state = e.state_, ticket = e.ticket_] { state->wait_for(ticket); });
     }
     [[nodiscard]] static bool is_capturing(stream_view) noexcept { return false; }
+    /// Nothing unloads under the host platform: no failure means the process is exiting.
+    [[nodiscard]] static bool is_exiting(const std::exception&) noexcept { return false; }
     static void memcpy_async(void* dst, const void* src, std::size_t bytes, stream_view s) {
         if (bytes == 0) return;
         s.enqueue([=] { std::memcpy(dst, src, bytes); });

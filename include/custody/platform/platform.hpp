@@ -21,6 +21,8 @@
 ///   P::wait(s, e)           work enqueued on s after this call waits for e, without blocking the host
 ///   P::is_capturing(s)      s is being captured into a graph (always false on the host platform)
 ///   P::memcpy_async(dst, src, n, s), P::memset_async(dst, v, n, s)
+///   P::is_exiting(e)        the exception e says the process is exiting (the CUDA runtime
+///                           unloading): a failure a destructor has no need to report
 ///
 ///   event e(device)         created on `device`
 ///   e.record(s)             e completes when all work enqueued on s before this call has finished
@@ -28,20 +30,28 @@
 ///   e.synchronize()         blocks until e has completed
 ///
 /// The `platform` concept below checks the shape; docs/platform.md explains the semantics.
+/// run_exit_tolerant<P> is how every noexcept path (a destructor, a deallocate) runs a platform
+/// operation that may fail.
 #pragma once
 
+#include <custody/core/failure_callback.hpp>
+
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <new>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 namespace custody {
 
 template <class P>
 concept platform = requires(typename P::stream_view s, typename P::event& e, const typename P::event& ce,
-                            int device, void* dst, const void* src, std::size_t bytes) {
+                            int device, void* dst, const void* src, std::size_t bytes, const std::exception& ex) {
     requires std::is_trivially_copyable_v<typename P::stream_view>;
     requires std::equality_comparable<typename P::stream_view>;
     requires std::movable<typename P::stream> && !std::copyable<typename P::stream>;
@@ -60,10 +70,33 @@ concept platform = requires(typename P::stream_view s, typename P::event& e, con
     { P::is_capturing(s) } -> std::same_as<bool>;
     P::memcpy_async(dst, src, bytes, s);
     P::memset_async(dst, 0, bytes, s);
+    { P::is_exiting(ex) } noexcept -> std::same_as<bool>;
     e.record(s);
     { ce.ready() } -> std::same_as<bool>;
     ce.synchronize();
 };
+
+/// Runs `step`, a platform operation, on a path that must not throw (a destructor, a deallocate).
+/// If it throws, the failure is reported through custody::report_failure as "`what` failed: <the
+/// exception's message>", unless Platform::is_exiting says it is the process exiting (on the cuda
+/// platform, the runtime unloading): then the driver reclaims everything and there is nothing to
+/// report. Returns whether `step` ran to its end. Never throws.
+template <class Platform, class Step>
+bool run_exit_tolerant(std::string_view what, Step&& step) noexcept {
+    const char* message = "an unknown exception";
+    try {
+        std::forward<Step>(step)();
+        return true;
+    } catch (const std::exception& e) {
+        if (Platform::is_exiting(e)) return false;
+        message = e.what();
+    } catch (...) {
+    }
+    char line[512];
+    const int n = std::snprintf(line, sizeof line, "%.*s failed: %s", static_cast<int>(what.size()), what.data(), message);
+    report_failure(std::string_view(line, n > 0 ? std::min(static_cast<std::size_t>(n), sizeof line - 1) : 0U));
+    return false;
+}
 
 /// Makes a device current for a scope and restores the previous one on exit, on any platform.
 /// Not thread-safe by nature: the current device is per thread, and so is a guard.

@@ -26,6 +26,7 @@
 #include <custody/core/properties.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/core/statistics.hpp>
+#include <custody/platform/platform.hpp>
 #include <custody/pool/capture_error.hpp>
 #include <custody/pool/detail/event_pool.hpp>
 #include <custody/pool/detail/free_set.hpp>
@@ -161,18 +162,12 @@ public:
         for (std::size_t i = 0; i < n; ++i) {
             shard& sh = *shards_[i].load(std::memory_order_acquire);
             uncovered = uncovered || dirty(sh);
-            try {
-                sh.event.synchronize();
-            } catch (...) {
-                report_failure("stream_ordered_pool: waiting for a stream's event failed at destruction");
-            }
+            run_exit_tolerant<platform_type>("stream_ordered_pool: waiting for a stream's event at destruction",
+                                             [&] { sh.event.synchronize(); });
         }
         if (uncovered) {
-            try {
-                synchronize_devices();
-            } catch (...) {
-                report_failure("stream_ordered_pool: synchronizing the device failed at destruction");
-            }
+            run_exit_tolerant<platform_type>("stream_ordered_pool: synchronizing the device at destruction",
+                                             [&] { synchronize_devices(); });
         }
         const resource_statistics s = statistics();
         if (s.live_allocations != 0) {

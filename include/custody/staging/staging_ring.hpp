@@ -287,14 +287,8 @@ public:
         while (!index_.empty()) {
             detail::region& r = index_.oldest();
             if (r.state == detail::region_state::in_flight) {
-                try {
-                    event(r.device, index_.oldest_slot()).synchronize();
-                } catch (const cuda_error& e) {
-                    // At process exit the driver reclaims everything; there is nothing to report.
-                    if (e.error_name() != "cudaErrorCudartUnloading") report_destruction_failure(e);
-                } catch (const std::exception& e) {
-                    report_destruction_failure(e);
-                }
+                run_exit_tolerant<platform_type>("staging ring: waiting for a copy at destruction",
+                                                 [&] { event(r.device, index_.oldest_slot()).synchronize(); });
             }
             index_.reclaim_oldest();
         }
@@ -519,14 +513,6 @@ private:
         std::atomic<bool> built{false};
         std::vector<event_type> events;
     };
-
-    static void report_destruction_failure(const std::exception& e) noexcept {
-        try {
-            report_failure(std::string("staging ring: waiting for a copy at destruction failed: ") + e.what());
-        } catch (...) {
-            report_failure("staging ring: waiting for a copy at destruction failed");
-        }
-    }
 
     /// `timeout` in nanoseconds, saturating (std::chrono::duration::max() and the like wait forever).
     /// Throws std::invalid_argument for a NaN timeout, which is neither long nor short.

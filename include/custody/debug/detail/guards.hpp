@@ -9,6 +9,7 @@
 #include <custody/core/failure_callback.hpp>
 #include <custody/debug/report.hpp>
 #include <custody/debug/tracking_options.hpp>
+#include <custody/platform/platform.hpp>
 
 #include <array>
 #include <atomic>
@@ -107,15 +108,14 @@ public:
         if (synchronous) Platform::synchronize(s);
     }
 
-    /// Reads both guards of `inner` (of `bytes`) back on `s`, waits, compares. A failed read-back is
-    /// reported through custody::report_failure and finds nothing.
+    /// Reads both guards of `inner` (of `bytes`) back on `s`, waits, compares. A failed read-back
+    /// finds nothing (and is reported, see run_exit_tolerant).
     [[nodiscard]] std::optional<guard_damage> check_now(const void* inner, std::size_t bytes, stream_type s) noexcept {
         std::array<unsigned char, 2 * max_guard_bytes> seen; // filled by the copies below
-        try {
-            read_back(seen.data(), inner, bytes, s);
-            Platform::synchronize(s);
-        } catch (...) {
-            report_failure("custody: could not read a block's guards back");
+        if (!run_exit_tolerant<Platform>("custody: reading a block's guards back", [&] {
+                read_back(seen.data(), inner, bytes, s);
+                Platform::synchronize(s);
+            })) {
             return std::nullopt;
         }
         return compare(seen.data());
@@ -123,30 +123,25 @@ public:
 
     /// Enqueues the read-back of `block`'s guards on `s` and keeps the check until drain() finds it
     /// done; `freed_site()` names the free for the report. A check that cannot be enqueued (no
-    /// memory, a platform failure) is reported, and the block goes unchecked.
+    /// memory, a platform failure) is reported (see run_exit_tolerant), and the block goes unchecked.
     template <class FreedSite>
     void check_later(const Block& block, const void* inner, stream_type s, const FreedSite& freed_site) noexcept {
-        std::optional<pending_check> c; // outlives the handler below: the copies may still be pending
-        try {
-            c.emplace(pending_check{block, inner, std::make_unique<unsigned char[]>(2 * guard_bytes_),
-                                    typename Platform::event(Platform::stream_device(s)), freed_site()});
-        } catch (...) {
-            report_failure("custody: no memory for a guard check; the block goes unchecked");
+        std::optional<pending_check> c; // outlives the steps below: the copies may still be pending
+        if (!run_exit_tolerant<Platform>("custody: making a guard check", [&] {
+                c.emplace(pending_check{block, inner, std::make_unique<unsigned char[]>(2 * guard_bytes_),
+                                        typename Platform::event(Platform::stream_device(s)), freed_site()});
+            })) {
             return;
         }
-        try {
+        const bool kept = run_exit_tolerant<Platform>("custody: enqueueing a guard check", [&] {
             read_back(c->seen.get(), inner, block.bytes, s);
             c->done.record(s);
             std::lock_guard lock(mutex_);
             pending_.push_back(std::move(*c)); // strong guarantee: *c intact if it throws
             pending_count_.fetch_add(1, std::memory_order_relaxed);
-        } catch (...) {
-            // A copy may be enqueued into c's buffer: wait for the stream before the buffer goes.
-            try {
-                Platform::synchronize(s);
-            } catch (...) {
-            }
-            report_failure("custody: could not enqueue a guard check; the block goes unchecked");
+        });
+        if (!kept) { // a copy may be enqueued into c's buffer: wait for the stream before it goes
+            run_exit_tolerant<Platform>("custody: waiting for a dropped guard check", [&] { Platform::synchronize(s); });
         }
     }
 
@@ -155,7 +150,8 @@ public:
 
     /// Finishes the checks whose read-back has completed (all of them, waiting, when `wait`) and
     /// calls on_damage(block, damage, freed site) for each overwritten guard found. Allocates
-    /// nothing; a wait that fails is reported and its check dropped. `on_damage` must not throw.
+    /// nothing; a wait that fails drops its check (reported, see run_exit_tolerant). `on_damage`
+    /// must not throw.
     template <class OnDamage>
     void drain(bool wait, OnDamage&& on_damage) noexcept {
         std::list<pending_check> done;
@@ -169,26 +165,19 @@ public:
             pending_count_.fetch_sub(done.size(), std::memory_order_relaxed);
         }
         for (pending_check& c : done) {
-            try {
-                c.done.synchronize();
-            } catch (...) {
-                report_failure("custody: waiting for a guard check failed; the block goes unchecked");
-                continue;
-            }
+            if (!run_exit_tolerant<Platform>("custody: waiting for a guard check", [&] { c.done.synchronize(); })) continue;
             if (auto damage = compare(c.seen.get())) on_damage(c.block, *damage, c.freed);
         }
     }
 
     /// Fills the freed upstream block with poison_byte on `s` (and waits when `synchronous`). A
-    /// failure is reported through custody::report_failure.
+    /// failure is reported (see run_exit_tolerant).
     void poison(void* outer, std::size_t total, stream_type s, bool synchronous) const noexcept {
         if (!poison_) return;
-        try {
+        run_exit_tolerant<Platform>("custody: poisoning a freed block", [&] {
             Platform::memset_async(outer, poison_byte_, total, s);
             if (synchronous) Platform::synchronize(s);
-        } catch (...) {
-            report_failure("custody: could not poison a freed block");
-        }
+        });
     }
 
 private:
