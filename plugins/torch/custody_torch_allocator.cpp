@@ -4,7 +4,6 @@
 // devices so that the C interface is tested without a GPU.
 #include "custody_torch_allocator.h"
 
-#include <custody/debug/detail/json.hpp>
 #include <custody/debug/json_report.hpp>
 #include <custody/debug/owner_scope.hpp>
 #include <custody/debug/tracking_resource.hpp>
@@ -228,6 +227,7 @@ std::size_t trim_devices(Allocator& a, int device) noexcept {
     for (int d = first; d < last; ++d) {
         auto* r = a.find(d);
         if (r == nullptr) continue;
+        custody::basic_device_guard<platform> guard(d, std::nothrow); // frees on d's default stream
         r->release_held();
         try {
             released += pool_of(*r).trim();
@@ -345,22 +345,11 @@ CUSTODY_EXPORT size_t custody_owner_current(char* buffer, size_t capacity) {
     return copy_out(std::string(custody::debug::owner_name(custody::debug::current_owner())), buffer, capacity);
 }
 
-CUSTODY_EXPORT ssize_t custody_owners(int device, char* buffer, size_t capacity) {
+CUSTODY_EXPORT ssize_t custody_report_json(int device, char* buffer, size_t capacity) {
     try {
-        const custody::debug::rank_report report = tracker_of(device).make_report();
-        custody::debug::detail::json::writer w;
-        w.begin_array();
-        for (const custody::debug::owner_usage& o : report.owners) {
-            w.begin_object();
-            w.field("owner", o.owner);
-            w.field("live_bytes", static_cast<std::uint64_t>(o.live_bytes));
-            w.field("live_count", static_cast<std::uint64_t>(o.live_count));
-            w.field("peak_bytes", static_cast<std::uint64_t>(o.peak_bytes));
-            w.end_object();
-        }
-        w.end_array();
+        const std::string text = custody::debug::to_json(tracker_of(device).make_report());
         set_error("");
-        return static_cast<ssize_t>(copy_out(w.str(), buffer, capacity));
+        return static_cast<ssize_t>(copy_out(text, buffer, capacity));
     } catch (const std::exception& e) {
         return refuse(e.what());
     }

@@ -81,14 +81,14 @@ size_t custody_report(char* buffer, size_t capacity);
 /* Tracking (with "tracking" configured on). Owner scopes are per thread and nest ("decode" then
  * "kv_cache" names "decode/kv_cache"); what the thread allocates inside is that owner's.
  * push/pop return 0 or -1; custody_owner_current copies the current owner's name (as
- * custody_report). custody_owners writes device's live memory per owner as a JSON array of
- * {"owner", "live_bytes", "live_count", "peak_bytes"} (device -1: the first device in use) and
- * returns its length, or -1. custody_write_report writes the rank's JSON report (the schema of
- * docs/debug-report-schema.json, which custody-merge reads) to path; 0 or -1. */
+ * custody_report). custody_report_json copies the rank's report on device (device -1: the first
+ * device in use) as JSON, in the schema of docs/debug-report-schema.json (its "owners": live
+ * memory per owner), and returns its length, or -1; custody_write_report writes it to path (what
+ * custody-merge reads); 0 or -1. */
 int custody_owner_push(const char* name);
 int custody_owner_pop(void);
 size_t custody_owner_current(char* buffer, size_t capacity);
-ssize_t custody_owners(int device, char* buffer, size_t capacity);
+ssize_t custody_report_json(int device, char* buffer, size_t capacity);
 int custody_write_report(int device, const char* path);
 
 /* Why this thread's last call failed ("" if it did not). */

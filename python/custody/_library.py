@@ -75,7 +75,7 @@ class Library:
             "custody_owner_push": (c_int, [ctypes.c_char_p]),
             "custody_owner_pop": (c_int, []),
             "custody_owner_current": (size_t, [ctypes.c_char_p, size_t]),
-            "custody_owners": (ssize_t, [c_int, ctypes.c_char_p, size_t]),
+            "custody_report_json": (ssize_t, [c_int, ctypes.c_char_p, size_t]),
             "custody_write_report": (c_int, [c_int, ctypes.c_char_p]),
         }
         for name, (restype, argtypes) in signatures.items():
@@ -138,13 +138,19 @@ class Library:
     def trim(self, device=-1):
         return self._lib.custody_trim(device)
 
-    @staticmethod
-    def _text(function, *args):
-        """The whole text of a function with snprintf semantics (as custody_report)."""
-        size = function(*args, None, 0)
-        buffer = ctypes.create_string_buffer(size + 1)
-        function(*args, buffer, size + 1)
-        return buffer.value.decode("utf-8", "replace")
+    def _text(self, function, *args):
+        """The whole text of a function with snprintf semantics (as custody_report). Each call
+        makes the text anew (a report may grow between two calls): asks again with a larger
+        buffer until the text fits. Raises CustodyError when the function returns -1."""
+        capacity = 0
+        while True:
+            buffer = ctypes.create_string_buffer(capacity) if capacity else None
+            size = function(*args, buffer, capacity)
+            if size < 0:
+                raise CustodyError(self.last_error())
+            if size < capacity:
+                return buffer.value.decode("utf-8", "replace")
+            capacity = size + size // 4 + 4096
 
     def report(self):
         """One text line per device in use."""
@@ -159,14 +165,15 @@ class Library:
     def owner_current(self):
         return self._text(self._lib.custody_owner_current)
 
+    def rank_report(self, device=-1):
+        """This rank's tracking report on `device` (tracking on; -1: the first device in use), as
+        the dict of docs/debug-report-schema.json."""
+        return json.loads(self._text(self._lib.custody_report_json, device))
+
     def owners(self, device=-1):
-        """Live memory per owner of `device` (tracking on): a list of dicts."""
-        size = self._lib.custody_owners(device, None, 0)
-        if size < 0:
-            raise CustodyError(self.last_error())
-        buffer = ctypes.create_string_buffer(size + 1)
-        self._lib.custody_owners(device, buffer, size + 1)
-        return json.loads(buffer.value.decode("utf-8", "replace"))
+        """Live memory per owner of `device` (tracking on): a list of dicts with owner,
+        live_bytes, live_count and peak_bytes."""
+        return self.rank_report(device)["owners"]
 
     def write_report(self, device, path):
         self._check(self._lib.custody_write_report(device, str(path).encode()))

@@ -27,6 +27,13 @@ custody::pool::pool_options small_pool() {
     return o;
 }
 
+/// The adaptor over a small pool, the stream blocks are allocated and freed on, and a side stream.
+struct setting {
+    adaptor r{small_pool(), 0, capacity};
+    custody::host::stream a;
+    custody::host::stream side;
+};
+
 } // namespace
 
 TEST_CASE("without a recorded stream, a block freed on its stream is reused there at once", "[resource][record]") {
@@ -41,9 +48,8 @@ TEST_CASE("without a recorded stream, a block freed on its stream is reused ther
 }
 
 TEST_CASE("a block recorded on a busy stream is not reused until that stream's work is done", "[resource][record]") {
-    adaptor r(small_pool(), 0, capacity);
-    custody::host::stream a;
-    custody::host::stream side;
+    setting t;
+    auto& [r, a, side] = t;
     void* p = r.allocate(a, block, 256);
     {
         custody::test::stream_gate<platform> gate(side); // the side stream still uses p
@@ -79,9 +85,8 @@ TEST_CASE("recording the free's own stream, or a stream twice, holds nothing mor
 }
 
 TEST_CASE("an allocation that finds the memory held waits for the side stream instead of failing", "[resource][record]") {
-    adaptor r(small_pool(), 0, capacity);
-    custody::host::stream a;
-    custody::host::stream side;
+    setting t;
+    auto& [r, a, side] = t;
     void* big = r.allocate(a, capacity - (std::size_t{1} << 20), 256);
     r.record(big, side);
     {
@@ -97,9 +102,8 @@ TEST_CASE("an allocation that finds the memory held waits for the side stream in
 }
 
 TEST_CASE("trim gives held blocks back before trimming the pool", "[resource][record]") {
-    adaptor r(small_pool(), 0, capacity);
-    custody::host::stream a;
-    custody::host::stream side;
+    setting t;
+    auto& [r, a, side] = t;
     void* p = r.allocate(a, std::size_t{2} << 20, 256);
     r.record(p, side);
     r.deallocate(a, p, std::size_t{2} << 20, 256);
