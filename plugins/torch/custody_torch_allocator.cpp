@@ -218,7 +218,18 @@ std::vector<std::unique_ptr<custody::debug::owner_scope>>& owner_stack() {
     return stack;
 }
 
-/// Gives back held blocks and cached memory of `device` (-1: every device); the bytes given back.
+/// Hands what the pool gave back to its upstream over to the device: cudaMallocAsync's pool keeps
+/// freed memory (custody's cuda_async sets no release threshold), so it is trimmed once the pool's
+/// frees, on the default stream, have run. Nothing to do over the host build's virtual devices.
+void return_to_device([[maybe_unused]] pool_type& pool) {
+#if defined(CUSTODY_TORCH_CUDA)
+    CUSTODY_CUDA_TRY(cudaStreamSynchronize(nullptr));
+    CUSTODY_CUDA_TRY(cudaMemPoolTrimTo(pool.upstream().pool_handle(), 0));
+#endif
+}
+
+/// Gives back held blocks and cached memory of `device` (-1: every device), to the device itself;
+/// the bytes the pools gave back.
 template <class Allocator>
 std::size_t trim_devices(Allocator& a, int device) noexcept {
     std::size_t released = 0;
@@ -231,6 +242,7 @@ std::size_t trim_devices(Allocator& a, int device) noexcept {
         r->release_held();
         try {
             released += pool_of(*r).trim();
+            return_to_device(pool_of(*r));
         } catch (const std::exception& e) {
             set_error(e.what());
         }

@@ -91,20 +91,10 @@ public:
     /// enqueued before this call has finished (see the class comment).
     void deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         if (ptr == nullptr) return;
-        std::vector<stream_type> streams;
-        if (recorded_.load(std::memory_order_acquire) != 0) {
-            std::lock_guard lock(mutex_);
-            if (auto it = uses_.find(reinterpret_cast<std::uintptr_t>(ptr)); it != uses_.end()) {
-                streams = std::move(it->second);
-                uses_.erase(it);
-                recorded_.store(uses_.size(), std::memory_order_release);
-            }
-        }
-        std::erase(streams, stream);
-        if (streams.empty()) {
+        if (recorded_.load(std::memory_order_acquire) == 0) { // the common case: nothing recorded at all
             upstream_.deallocate(stream, ptr, bytes, alignment);
         } else {
-            hold(held_block{ptr, bytes, alignment, stream, {}}, streams);
+            deallocate_recorded(stream, ptr, bytes, alignment);
         }
         if (held_count_.load(std::memory_order_acquire) != 0) release_completed();
     }
@@ -160,6 +150,25 @@ public:
     CUSTODY_FORWARD_PROPERTIES(recorded_streams, Upstream)
 
 private:
+    /// deallocate of a block that may have recorded streams.
+    void deallocate_recorded(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+        std::vector<stream_type> streams;
+        {
+            std::lock_guard lock(mutex_);
+            if (auto it = uses_.find(reinterpret_cast<std::uintptr_t>(ptr)); it != uses_.end()) {
+                streams = std::move(it->second);
+                uses_.erase(it);
+                recorded_.store(uses_.size(), std::memory_order_release);
+            }
+        }
+        std::erase(streams, stream);
+        if (streams.empty()) {
+            upstream_.deallocate(stream, ptr, bytes, alignment);
+        } else {
+            hold(held_block{ptr, bytes, alignment, stream, {}}, streams);
+        }
+    }
+
     /// A freed block waiting for the events recorded on its streams at the free.
     struct held_block {
         void* ptr;
