@@ -39,6 +39,7 @@ using namespace custody::debug;
 using custody::test::faulty_memory;
 using custody::test::faulty_stream;
 using custody::test::platform_fault;
+using custody::test::faults_reset;
 using custody::test::platform_faults;
 
 namespace {
@@ -72,12 +73,6 @@ long with_each_allocation_failing(Call&& call, After&& after) {
     FAIL("the call never stops allocating");
     return 0;
 }
-
-/// Disarms the faulty platform when a test ends, whatever happened.
-struct faults_reset {
-    faults_reset() { platform_faults::reset(); }
-    ~faults_reset() { platform_faults::reset(); }
-};
 
 } // namespace
 

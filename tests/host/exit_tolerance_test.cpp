@@ -21,6 +21,7 @@
 #include <vector>
 
 using custody::test::failure_log;
+using custody::test::faults_reset;
 using custody::test::faulty_memory;
 using custody::test::faulty_platform;
 using custody::test::faulty_stream;
@@ -28,12 +29,6 @@ using custody::test::platform_fault;
 using custody::test::platform_faults;
 
 namespace {
-
-/// Disarms the faulty platform when a test ends, whatever happened.
-struct faults_reset {
-    faults_reset() { platform_faults::reset(); }
-    ~faults_reset() { platform_faults::reset(); }
-};
 
 /// Every wait on an event fails from now on, as the process exiting (or not).
 void fail_every_wait(bool exiting) {
@@ -79,43 +74,32 @@ void destroy_tracker_with_a_check(bool exiting) {
     fail_every_wait(exiting);
 }
 
+/// Runs `destroy` (which fails every wait its object's destruction makes) twice: as the process
+/// exiting, nothing is reported; otherwise one failure is, naming `who`.
+template <class Destroy>
+void check_reported_unless_exiting(Destroy destroy, const std::string& who) {
+    faults_reset reset;
+    {
+        failure_log log;
+        destroy(true);
+        CHECK(log.lines().empty());
+    }
+    failure_log log;
+    destroy(false);
+    REQUIRE(log.lines().size() == 1);
+    CHECK_THAT(log.lines()[0], custody_test::contains(who));
+}
+
 } // namespace
 
 TEST_CASE("the pool's destruction reports a failed wait, unless the process is exiting", "[exit]") {
-    faults_reset reset;
-    {
-        failure_log log;
-        destroy_pool_with_a_stream(true);
-        CHECK(log.lines().empty());
-    }
-    failure_log log;
-    destroy_pool_with_a_stream(false);
-    REQUIRE(log.lines().size() == 1);
-    CHECK_THAT(log.lines()[0], custody_test::contains("stream_ordered_pool"));
+    check_reported_unless_exiting(destroy_pool_with_a_stream, "stream_ordered_pool");
 }
 
 TEST_CASE("the staging ring's destruction reports a failed wait, unless the process is exiting", "[exit]") {
-    faults_reset reset;
-    {
-        failure_log log;
-        destroy_ring_with_a_copy(true);
-        CHECK(log.lines().empty());
-    }
-    failure_log log;
-    destroy_ring_with_a_copy(false);
-    REQUIRE(log.lines().size() == 1);
-    CHECK_THAT(log.lines()[0], custody_test::contains("staging ring"));
+    check_reported_unless_exiting(destroy_ring_with_a_copy, "staging ring");
 }
 
 TEST_CASE("the tracker's destruction reports a failed wait, unless the process is exiting", "[exit]") {
-    faults_reset reset;
-    {
-        failure_log log;
-        destroy_tracker_with_a_check(true);
-        CHECK(log.lines().empty());
-    }
-    failure_log log;
-    destroy_tracker_with_a_check(false);
-    REQUIRE(log.lines().size() == 1);
-    CHECK_THAT(log.lines()[0], custody_test::contains("guard check"));
+    check_reported_unless_exiting(destroy_tracker_with_a_check, "guard check");
 }

@@ -50,6 +50,14 @@ struct platform_faults {
     }
 };
 
+/// Disarms the faulty platform when a test begins and when it ends, whatever happened.
+struct faults_reset {
+    faults_reset() { platform_faults::reset(); }
+    ~faults_reset() { platform_faults::reset(); }
+    faults_reset(const faults_reset&) = delete;
+    faults_reset& operator=(const faults_reset&) = delete;
+};
+
 struct faulty_platform;
 
 class faulty_stream_view {

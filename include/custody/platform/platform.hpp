@@ -83,18 +83,21 @@ concept platform = requires(typename P::stream_view s, typename P::event& e, con
 /// report. Returns whether `step` ran to its end. Never throws.
 template <class Platform, class Step>
 bool run_exit_tolerant(std::string_view what, Step&& step) noexcept {
-    const char* message = "an unknown exception";
+    // Reported inside the handler: e.what() lives only as long as the exception does.
+    const auto report = [what](const char* message) noexcept {
+        char line[512];
+        const int n =
+            std::snprintf(line, sizeof line, "%.*s failed: %s", static_cast<int>(what.size()), what.data(), message);
+        report_failure(std::string_view(line, n > 0 ? std::min(static_cast<std::size_t>(n), sizeof line - 1) : 0U));
+    };
     try {
         std::forward<Step>(step)();
         return true;
     } catch (const std::exception& e) {
-        if (Platform::is_exiting(e)) return false;
-        message = e.what();
+        if (!Platform::is_exiting(e)) report(e.what());
     } catch (...) {
+        report("an unknown exception");
     }
-    char line[512];
-    const int n = std::snprintf(line, sizeof line, "%.*s failed: %s", static_cast<int>(what.size()), what.data(), message);
-    report_failure(std::string_view(line, n > 0 ? std::min(static_cast<std::size_t>(n), sizeof line - 1) : 0U));
     return false;
 }
 
