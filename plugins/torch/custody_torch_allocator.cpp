@@ -1,7 +1,8 @@
-// The shared library behind PyTorch's CUDAPluggableAllocator: custody_alloc / custody_free and the
-// statistics, trim and report functions of custody_torch_allocator.h, over one custody pool per
-// device. Built twice: over CUDA devices (CUSTODY_TORCH_CUDA), and over the host platform's virtual
-// devices so that the C interface is tested without a GPU.
+// The shared library behind PyTorch's CUDAPluggableAllocator: the allocation, free, record_stream,
+// empty_cache and graph-capture entry points of custody_torch_allocator.h, with statistics,
+// options, tracking by owner and the GPU claim, over one custody pool per device. Built twice: over
+// CUDA devices (CUSTODY_TORCH_CUDA), and over the host platform's virtual devices so that the C
+// interface is tested without a GPU.
 #include "custody_torch_allocator.h"
 
 #include <custody/debug/json_report.hpp>
