@@ -3,6 +3,7 @@
 // the pmr pools and custody's pool drawing from the same upstream (custody::resource::host_memory).
 //
 // Names are <scenario>/<resource>/<args>:
+//   <scenario>/pool_checked the pool in checked mode (pool_options::checked), beside pool: its cost
 //   pair/*/<bytes>          one allocate + free, 64 B .. 64 MiB, single thread
 //   pair_mt/*/<bytes>       the same from 1..8 threads on one shared resource (each thread its own stream)
 //   churn/*                 random sizes (log-uniform 64 B .. 4 MiB) replacing a window of 256 live blocks
@@ -12,7 +13,13 @@
 //                           batch sizes padded to CUDA-graph buckets; counter `fragmentation` =
 //                           peak reserved / peak live (malloc: not observable, 0)
 //   trace_unbucketed/*      the same with every batch size 1..64
+//   cross_stream/*          a producer stream allocates, a consumer stream frees, 10^6 rounds of 8
+//                           blocks (4 KiB .. 3 MiB); counters `reserved_MiB` and
+//                           `reserved_over_peak_live`, the pool (limited to 1 GiB) under each reuse
+//                           policy beside pmr
 // No memory is touched: the figures are the allocators' own costs.
+#include "../support/host_streams.hpp"
+
 #include <custody/platform/host.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/host_memory.hpp>
@@ -67,27 +74,33 @@ std::pmr::pool_options pmr_options() {
     return o;
 }
 
-/// One streams per benchmark thread, shared by every benchmark (host streams are worker threads).
-custody::host::stream_view stream_of(int thread) {
-    static std::vector<custody::host::stream> streams = [] {
-        std::vector<custody::host::stream> v;
-        for (int i = 0; i < 8; ++i) v.emplace_back(0);
-        return v;
-    }();
-    return streams[static_cast<std::size_t>(thread) % streams.size()].view();
-}
+using custody_bench::stream_of;
 
 // ---- the resources, behind one small interface each --------------------------------------------
 
-struct pool_adapter {
-    static constexpr const char* name = "pool";
-    pool_type pool{custody::pool::pool_options{}};
+custody::pool::pool_options pool_options_checked(bool checked) {
+    custody::pool::pool_options o;
+    o.checked = checked;
+    return o;
+}
+
+template <bool Checked>
+struct basic_pool_adapter {
+    static constexpr const char* name = Checked ? "pool_checked" : "pool";
+    pool_type pool{pool_options_checked(Checked)};
     custody::host::stream_view stream;
-    explicit pool_adapter(int thread = 0) : stream(stream_of(thread)) {}
+    explicit basic_pool_adapter(int thread = 0) : stream(stream_of(thread)) {}
     void* allocate(std::size_t n) { return pool.allocate(stream, n, alignment); }
     void deallocate(void* p, std::size_t n) { pool.deallocate(stream, p, n, alignment); }
     double fragmentation(std::size_t) const { return pool.detailed_statistics().fragmentation(); }
 };
+
+using pool_adapter = basic_pool_adapter<false>;
+using pool_checked_adapter = basic_pool_adapter<true>;
+
+/// Whether `Adapter` is custody's pool (checked or not), which takes a stream.
+template <class Adapter>
+constexpr bool is_pool = std::is_same_v<Adapter, pool_adapter> || std::is_same_v<Adapter, pool_checked_adapter>;
 
 struct malloc_adapter {
     static constexpr const char* name = "malloc";
@@ -145,7 +158,7 @@ void pair_mt(benchmark::State& state) {
     const auto stream = stream_of(state.thread_index());
     for (auto _ : state) {
         void* p;
-        if constexpr (std::is_same_v<Adapter, pool_adapter>) {
+        if constexpr (is_pool<Adapter>) {
             p = r.pool.allocate(stream, n, alignment);
             benchmark::DoNotOptimize(p);
             r.pool.deallocate(stream, p, n, alignment);
@@ -173,11 +186,11 @@ void churn_loop(benchmark::State& state, Adapter& r, custody::host::stream_view 
     constexpr std::size_t window = 256;
     std::vector<std::pair<void*, std::size_t>> live(window, {nullptr, 0});
     auto allocate = [&](std::size_t n) -> void* {
-        if constexpr (std::is_same_v<Adapter, pool_adapter>) return r.pool.allocate(stream, n, alignment);
+        if constexpr (is_pool<Adapter>) return r.pool.allocate(stream, n, alignment);
         else return r.allocate(n);
     };
     auto deallocate = [&](void* p, std::size_t n) {
-        if constexpr (std::is_same_v<Adapter, pool_adapter>) r.pool.deallocate(stream, p, n, alignment);
+        if constexpr (is_pool<Adapter>) r.pool.deallocate(stream, p, n, alignment);
         else r.deallocate(p, n);
     };
     std::size_t i = 0;
@@ -190,7 +203,7 @@ void churn_loop(benchmark::State& state, Adapter& r, custody::host::stream_view 
     }
     for (auto& [p, n] : live)
         if (p != nullptr) deallocate(p, n);
-    if constexpr (std::is_same_v<Adapter, pool_adapter>) {
+    if constexpr (is_pool<Adapter>) {
         const auto p = r.pool.detailed_statistics();
         state.counters["fast_path_share"] =
             static_cast<double>(p.fast_allocations) / static_cast<double>(std::max<std::uint64_t>(p.totals.allocations, 1));
@@ -269,13 +282,68 @@ void trace(benchmark::State& state) {
     }
     for (auto [p, n] : kv) give(p, n);
     state.counters["fragmentation"] = r.fragmentation(peak);
-    if constexpr (std::is_same_v<Adapter, pool_adapter>) {
+    if constexpr (is_pool<Adapter>) {
         const auto p = r.pool.detailed_statistics();
         state.counters["fast_path_share"] =
             static_cast<double>(p.fast_allocations) / static_cast<double>(std::max<std::uint64_t>(p.totals.allocations, 1));
     }
     state.counters["peak_live_MiB"] = static_cast<double>(peak) / MiB;
     state.SetItemsProcessed(state.iterations());
+}
+
+/// Producer and consumer on two streams: each round, the producer's stream allocates 8 blocks
+/// (4 KiB, 64 KiB, 1 MiB and 3 MiB, twice) and the consumer's stream gives them back. Counters:
+/// reserved_MiB at the end and its ratio to the live peak (custody's pool under `policy`; for the
+/// pmr peer, which has no streams, the peak its upstream held).
+constexpr std::size_t cross_sizes[] = {4096, 65536, MiB, 3 * MiB, 4096, 65536, MiB, 3 * MiB};
+constexpr std::size_t cross_live = 2 * (4096 + 65536 + MiB + 3 * MiB);
+
+template <custody::pool::reuse_policy policy>
+void cross_stream_pool(benchmark::State& state) {
+    custody::pool::pool_options o;
+    o.reuse = policy;
+    o.checked = false;
+    o.maximum_size = std::size_t{1} << 30; // same_stream reaches it: only the last resort moves blocks across
+    pool_type pool(o);
+    const auto producer = stream_of(0);
+    const auto consumer = stream_of(1);
+    void* blocks[std::size(cross_sizes)];
+    for (auto _ : state) {
+        for (std::size_t i = 0; i < std::size(cross_sizes); ++i) blocks[i] = pool.allocate(producer, cross_sizes[i], alignment);
+        benchmark::DoNotOptimize(blocks);
+        for (std::size_t i = 0; i < std::size(cross_sizes); ++i) pool.deallocate(consumer, blocks[i], cross_sizes[i], alignment);
+    }
+    const auto s = pool.statistics();
+    state.counters["reserved_MiB"] = static_cast<double>(s.reserved_bytes) / MiB;
+    state.counters["reserved_over_peak_live"] = static_cast<double>(s.reserved_bytes) / static_cast<double>(s.peak_live_bytes);
+    state.counters["reclaims"] = static_cast<double>(pool.detailed_statistics().reclaims);
+    state.SetItemsProcessed(state.iterations());
+}
+
+void cross_stream_pmr(benchmark::State& state) {
+    pmr_sync_adapter r;
+    void* blocks[std::size(cross_sizes)];
+    for (auto _ : state) {
+        for (std::size_t i = 0; i < std::size(cross_sizes); ++i) blocks[i] = r.allocate(cross_sizes[i]);
+        benchmark::DoNotOptimize(blocks);
+        for (std::size_t i = 0; i < std::size(cross_sizes); ++i) r.deallocate(blocks[i], cross_sizes[i]);
+    }
+    state.counters["reserved_MiB"] = static_cast<double>(r.upstream.peak()) / MiB;
+    state.counters["reserved_over_peak_live"] = r.fragmentation(cross_live);
+    state.SetItemsProcessed(state.iterations());
+}
+
+void register_cross_stream() {
+    using custody::pool::reuse_policy;
+    constexpr int rounds = 1000000;
+    benchmark::RegisterBenchmark("cross_stream/pool_same_stream", cross_stream_pool<reuse_policy::same_stream>)
+        ->Iterations(rounds);
+    benchmark::RegisterBenchmark("cross_stream/pool_opportunistic", cross_stream_pool<reuse_policy::opportunistic>)
+        ->Iterations(rounds);
+    benchmark::RegisterBenchmark("cross_stream/pool_follow_dependencies",
+                                 cross_stream_pool<reuse_policy::follow_dependencies>)
+        ->Iterations(rounds);
+    benchmark::RegisterBenchmark("cross_stream/pmr_sync", cross_stream_pmr)->Iterations(rounds);
 }
 
 template <class Adapter>
@@ -299,9 +367,11 @@ void register_all(bool single_threaded_only) {
 
 int main(int argc, char** argv) {
     register_all<pool_adapter>(false);
+    register_all<pool_checked_adapter>(false); // checked mode (pool_options::checked): its cost beside pool
     register_all<malloc_adapter>(false);
     register_all<pmr_unsync_adapter>(true); // not thread-safe: single thread only
     register_all<pmr_sync_adapter>(false);
+    register_cross_stream();
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
     benchmark::RunSpecifiedBenchmarks();

@@ -1,9 +1,13 @@
 // The stream-ordered pool against the CUDA allocators on a GPU, side by side in one run: cudaMalloc,
 // cudaMallocAsync from a warm pool whose release threshold is the maximum, and CUB's
-// CachingDeviceAllocator. One allocate + free pair on a stream, 64 B .. 64 MiB, host time.
+// CachingDeviceAllocator; and virtual_memory alone (each pair maps and unmaps whole 2 MiB granules,
+// memory that goes back to the device as cudaFree's does). One allocate + free pair on a stream,
+// 64 B .. 64 MiB, host time.
 // Names are pair/<resource>/<bytes>. Without a device it says so and exits cleanly.
 #include <custody/platform/cuda.hpp>
+#include <custody/platform/cuda_vmm.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
+#include <custody/resource/virtual_memory.hpp>
 
 #include <custody/resource/cuda_malloc.hpp>
 
@@ -86,6 +90,22 @@ void pair_cub(benchmark::State& state) {
     state.SetItemsProcessed(state.iterations());
 }
 
+void pair_virtual_memory(benchmark::State& state) {
+    if (!custody::cuda::vmm::supported(0)) {
+        state.SkipWithError("device 0 has no virtual memory management");
+        return;
+    }
+    custody::resource::virtual_memory<custody::cuda::vmm> memory(0, std::size_t{8} << 30);
+    const auto n = static_cast<std::size_t>(state.range(0));
+    const auto s = bench_stream().view();
+    for (auto _ : state) {
+        void* p = memory.allocate(s, n, 256);
+        benchmark::DoNotOptimize(p);
+        memory.deallocate(s, p, n, 256);
+    }
+    state.SetItemsProcessed(state.iterations());
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -94,7 +114,8 @@ int main(int argc, char** argv) {
         return 0;
     }
     for (auto [name, fn] : {std::pair{"pair/pool", &pair_pool}, std::pair{"pair/cudaMalloc", &pair_cuda_malloc},
-                            std::pair{"pair/cudaMallocAsync", &pair_cuda_malloc_async}, std::pair{"pair/cub_caching", &pair_cub}}) {
+                            std::pair{"pair/cudaMallocAsync", &pair_cuda_malloc_async}, std::pair{"pair/cub_caching", &pair_cub},
+                            std::pair{"pair/virtual_memory", &pair_virtual_memory}}) {
         benchmark::RegisterBenchmark(name, fn)->RangeMultiplier(8)->Range(64, 64 * MiB)->UseRealTime();
     }
     benchmark::Initialize(&argc, argv);

@@ -5,16 +5,19 @@
 ///
 /// Always (a plain C++20 compiler, no CUDA):
 ///   core/        errors, alignment, concepts (one argument order), resource_ref, statistics, ranks
-///   platform/    host.hpp: worker-thread streams and events, virtual devices
-///   resource/    host_memory, simulated_device_memory, fault_injecting
+///   platform/    host.hpp: worker-thread streams and events, virtual devices; host_vmm.hpp: the
+///                host platform's virtual-memory operations (mmap, mprotect, memfd)
+///   resource/    host_memory, simulated_device_memory, fault_injecting, virtual_memory,
+///                virtual_reservation
 ///   pool/        stream_ordered_pool
 ///   staging/     staging_ring
 ///   debug/       tracking_resource, owner_scope, reports, the cross-rank merge
 ///   buffer/      buffer, scalar
 ///   interop/     pmr_adaptor, bind_device, device_lock, pluggable_allocator
 /// With the CUDA runtime's headers on the include path (detected with __has_include):
-///   platform/cuda.hpp, resource/{cuda_malloc,cuda_async,pinned_host,managed}.hpp,
-///   buffer/device_buffer.hpp (device_buffer, pinned_buffer, device_scalar), pool/cuda_memory_info.hpp
+///   platform/cuda.hpp, platform/cuda_vmm.hpp (cuMemCreate/cuMemMap),
+///   resource/{cuda_malloc,cuda_async,pinned_host,managed}.hpp,
+///   buffer/device_buffer.hpp (device_buffer, pinned_buffer, device_scalar)
 /// Not included, because they need more than the runtime: interop/cccl.hpp (CCCL's experimental
 /// memory resources), interop/thrust.hpp (Thrust), and the NCCL headers (interop/nccl/*.hpp,
 /// resource/nccl_memory.hpp).
@@ -30,11 +33,15 @@
 #include <custody/core/statistics.hpp>
 
 #include <custody/platform/host.hpp>
+#include <custody/platform/host_vmm.hpp>
 #include <custody/platform/platform.hpp>
+#include <custody/platform/virtual_memory.hpp>
 
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
 #include <custody/resource/simulated_device_memory.hpp>
+#include <custody/resource/virtual_memory.hpp>
+#include <custody/resource/virtual_reservation.hpp>
 
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/staging/staging_ring.hpp>
@@ -53,7 +60,7 @@
 #if __has_include(<cuda_runtime_api.h>)
 #include <custody/buffer/device_buffer.hpp>
 #include <custody/platform/cuda.hpp>
-#include <custody/pool/cuda_memory_info.hpp>
+#include <custody/platform/cuda_vmm.hpp>
 #include <custody/resource/cuda_async.hpp>
 #include <custody/resource/cuda_malloc.hpp>
 #include <custody/resource/managed.hpp>

@@ -29,7 +29,6 @@
 
 #if defined(CUSTODY_TORCH_CUDA)
 #include <custody/platform/cuda.hpp>
-#include <custody/pool/cuda_memory_info.hpp>
 #include <custody/resource/cuda_async.hpp>
 #else
 #include <custody/platform/host.hpp>
@@ -75,9 +74,9 @@ std::atomic<bool> tracking_on{false};
 std::atomic<bool> pools_made{false};
 
 /// The pool options for every device: the defaults (see docs/pool.md), capped by
-/// custody_configure's max_bytes or else CUSTODY_TORCH_MAX_BYTES. On CUDA the pool keeps the
-/// device's headroom free, asking the device for its free memory at each growth; the host
-/// build's virtual devices are as large as the cap.
+/// custody_configure's max_bytes or else CUSTODY_TORCH_MAX_BYTES. The pool keeps the device's
+/// headroom free, asking the platform for the device's free memory at each growth (the host
+/// platform cannot tell: its virtual devices are as large as the cap).
 custody::pool::pool_options device_pool_options() {
     pools_made.store(true);
     custody::pool::pool_options options;
@@ -85,9 +84,7 @@ custody::pool::pool_options device_pool_options() {
     const std::size_t cap = configured != 0 ? configured : max_bytes();
     if (cap != 0) options.maximum_size = cap;
     if (const std::size_t headroom = configured_headroom.load(); headroom != SIZE_MAX) options.device_headroom = headroom;
-#if defined(CUSTODY_TORCH_CUDA)
-    options.memory_info = &custody::pool::cuda_memory_info;
-#endif
+    options.memory_info = &platform::memory_info;
     return options;
 }
 

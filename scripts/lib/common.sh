@@ -79,7 +79,7 @@ custody_has_libdw() {
 custody_parts_demo_required=(compiler meson ninja gsl)
 custody_parts_demo_wanted=(libdw)
 custody_parts_test_required=(compiler meson ninja gsl catch2 python3 pkg-config)
-custody_parts_test_wanted=(libdw benchmark cmake fuzzer pytest meson-python)
+custody_parts_test_wanted=(libdw benchmark cmake fuzzer matplotlib pytest meson-python)
 
 custody_part_check() { # PART: 0 when present
   case $1 in
@@ -94,6 +94,7 @@ custody_part_check() { # PART: 0 when present
     python3 | pkg-config | cmake) custody_has_tool "$1" ;;
     pytest) custody_has_python_module pytest ;;
     meson-python) custody_has_python_module mesonpy ;;
+    matplotlib) custody_has_tool python3 && python3 -c 'import matplotlib' >/dev/null 2>&1 ;;
     *) return 1 ;;
   esac
 }
@@ -109,6 +110,7 @@ custody_part_package() {
     libdw) echo libdw-dev ;;
     fuzzer) echo clang-16 libclang-rt-16-dev ;;
     pytest | meson-python) echo "pip:$1" ;; # into the python3 that runs the tests, whichever it is
+    matplotlib) echo python3-matplotlib ;;
     *) echo "$1" ;;
   esac
 }
@@ -125,7 +127,8 @@ custody_part_purpose() {
     python3) echo "Python 3 (the test summary)" ;;
     pkg-config) echo "pkg-config (the packaging test)" ;;
     cmake) echo "CMake (the CMake consumer of the packaging test; skipped without it)" ;;
-    fuzzer) echo "clang++ 15+ with libFuzzer (the report reader's fuzz target; skipped without it)" ;;
+    fuzzer) echo "clang++ 15+ with libFuzzer (the report and trace readers' fuzz targets; skipped without it)" ;;
+    matplotlib) echo "Python's matplotlib (custody-plot's drawing test; skipped without it)" ;;
     pytest) echo "pytest (the Python package's suite; skipped without it)" ;;
     meson-python) echo "meson-python (pip install . of the Python package)" ;;
   esac

@@ -1,11 +1,13 @@
 // The resources the contract suite runs over on the cuda platform.
 #pragma once
 
+#include <custody/platform/cuda_vmm.hpp>
 #include <custody/resource/cuda_async.hpp>
 #include <custody/resource/cuda_malloc.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/managed.hpp>
 #include <custody/resource/pinned_host.hpp>
+#include <custody/resource/virtual_memory.hpp>
 
 #include <cstddef>
 #include <memory>
@@ -30,9 +32,18 @@ struct cuda_fault_injecting_case {
     static constexpr bool blocking_free = true;
 };
 
+/// Device address space reserved up front, granules mapped per block and unmapped when it comes back.
+struct cuda_virtual_memory_case {
+    using resource = custody::resource::virtual_memory<custody::cuda::vmm>;
+    static std::unique_ptr<resource> make() { return std::make_unique<resource>(0, std::size_t{1} << 30); }
+    static constexpr std::size_t max_alignment = std::size_t{2} << 20; // the granule of current GPUs
+    static constexpr bool exhaustible = true;
+    static constexpr bool blocking_free = true; // deallocate on a stream waits for it
+};
+
 using cuda_contract_cases =
     std::tuple<cuda_case<custody::resource::cuda_malloc, 256, true>, cuda_case<custody::resource::cuda_async, 256, false>,
                cuda_case<custody::resource::pinned_host, 4096, true>, cuda_case<custody::resource::managed, 256, true>,
-               cuda_fault_injecting_case>;
+               cuda_fault_injecting_case, cuda_virtual_memory_case>;
 
 } // namespace custody::test

@@ -6,7 +6,9 @@
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
+#include <custody/platform/host_vmm.hpp>
 #include <custody/resource/simulated_device_memory.hpp>
+#include <custody/resource/virtual_memory.hpp>
 
 #include <cstddef>
 #include <memory>
@@ -69,8 +71,21 @@ struct pool_over_simulated_device_memory_case {
     static constexpr bool exhaustible = true;
 };
 
+/// Address space reserved up front, pages mapped per block and unmapped when it comes back.
+struct virtual_memory_case {
+    using resource = custody::resource::virtual_memory<custody::host::vmm>;
+    static std::unique_ptr<resource> make() {
+        return std::make_unique<resource>(0, std::size_t{1} << 30,
+                                          custody::resource::reservation_options{.granule = granule, .exportable = false, .peers = {}});
+    }
+    static constexpr std::size_t granule = std::size_t{64} << 10; // a multiple of every Linux page size
+    static constexpr std::size_t max_alignment = granule;
+    static constexpr bool exhaustible = true;
+    static constexpr bool blocking_free = true; // deallocate on a stream waits for it, as cudaFree does
+};
+
 using host_contract_cases = std::tuple<host_memory_case, simulated_device_memory_case, fault_injecting_case,
                                        tracking_host_memory_case, pool_over_host_memory_case,
-                                       pool_over_simulated_device_memory_case>;
+                                       pool_over_simulated_device_memory_case, virtual_memory_case>;
 
 } // namespace custody::test

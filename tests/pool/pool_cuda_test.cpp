@@ -2,17 +2,21 @@
 // (refused with capture_error, nothing recorded). Exits 77 (skipped) without a CUDA device.
 #define CATCH_CONFIG_RUNNER
 #include <custody/platform/cuda.hpp>
-#include <custody/pool/cuda_memory_info.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 
+#include <custody/resource/cuda_async.hpp>
 #include <custody/resource/cuda_malloc.hpp>
 
 #include "../support/catch.hpp"
 #include "../support/cuda_presence.hpp"
+#include "support.hpp"
 
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
 #include <cstdio>
 #include <thread>
 #include <vector>
@@ -98,7 +102,7 @@ TEST_CASE("cuda: follow_dependencies makes the taking stream wait on the giver's
 
 TEST_CASE("cuda: an allocation during graph capture is refused and records nothing", "[pool][cuda][graph]") {
     pool_options o;
-    o.memory_info = &custody::pool::cuda_memory_info;
+    o.memory_info = &platform::memory_info;
     o.device_headroom = 0;
     pool_type pool(o, 0);
     custody::cuda::stream s(0);
@@ -117,6 +121,126 @@ TEST_CASE("cuda: an allocation during graph capture is refused and records nothi
     void* p = pool.allocate(s, 4096, 256);
     CHECK(p != before_capture);
     pool.deallocate(s, p, 4096, 256);
+}
+
+TEST_CASE("cuda: a block the synchronous pair takes behind another stream's event is idle when it returns",
+          "[pool][cuda]") {
+    pool_options o;
+    o.growth_step = 1 << 20;
+    o.maximum_size = 1 << 20;
+    o.record_interval = 1; // covered at once: the synchronous pair takes it behind a's event
+    pool_type pool(o, 0);
+    custody::cuda::stream a(0);
+    void* p = pool.allocate(a, 1 << 20, 256);
+    auto gate = std::make_unique<stream_gate>(a.view().get());
+    platform::memset_async(p, 0xAA, 1 << 20, a);
+    pool.deallocate(a, p, 1 << 20, 256);
+    auto taken = std::async(std::launch::async, [&] { return pool.allocate_sync(1 << 20, 256); });
+    // usable at once by the host: it cannot return while a's work on the block is pending
+    CHECK(taken.wait_for(std::chrono::milliseconds(200)) == std::future_status::timeout);
+    gate->open();
+    void* q = taken.get();
+    CHECK(q == p);
+    CHECK(cudaStreamQuery(a.view().get()) == cudaSuccess);
+    gate.reset();
+    pool.deallocate_sync(q, 1 << 20, 256);
+}
+
+TEST_CASE("cuda: the synchronous pair while a blocking stream captures is a capture_error, the free quarantined",
+          "[pool][cuda][graph]") {
+    custody_pool_test::failure_log log;
+    pool_type pool(pool_options{}, 0);
+    void* before_capture = pool.allocate_sync(4096, 256);
+    cudaStream_t blocking = nullptr;
+    REQUIRE(cudaStreamCreate(&blocking) == cudaSuccess); // blocking: the legacy stream syncs with it
+    REQUIRE(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    CHECK_THROWS_AS(pool.allocate_sync(4096, 256), custody::pool::capture_error);
+    pool.deallocate_sync(before_capture, 4096, 256);
+    cudaGraph_t graph = nullptr;
+    static_cast<void>(cudaStreamEndCapture(blocking, &graph));
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    static_cast<void>(cudaGetLastError());
+    cudaStreamDestroy(blocking);
+    CHECK(pool.detailed_statistics().quarantined_bytes == 4096);
+    CHECK(log.lines().empty());
+}
+
+TEST_CASE("cuda: the synchronous pair runs on the pool's device with another device current", "[pool][cuda]") {
+    if (custody::cuda::device_count() < 2) {
+        WARN("needs two devices");
+        return;
+    }
+    custody_pool_test::failure_log log;
+    pool_options o;
+    o.record_interval = 1; // each free records the default stream's event
+    pool_type pool(o, 0);
+    custody::cuda::device_guard elsewhere(1);
+    void* p = pool.allocate_sync(4096, 256);
+    pool.deallocate_sync(p, 4096, 256);
+    void* q = pool.allocate_sync(4096, 256);
+    CHECK(q == p);
+    pool.deallocate_sync(q, 4096, 256);
+    CHECK(custody::cuda::current_device() == 1);
+    CHECK(log.lines().empty());
+}
+
+TEST_CASE("cuda: a stream that gets a destroyed stream's handle has a key of its own", "[pool][cuda][streams]") {
+    cudaStream_t handle = nullptr;
+    std::uintptr_t key = 0;
+    {
+        custody::cuda::stream a(0);
+        handle = a.view().get();
+        key = platform::stream_key(a);
+    }
+    std::vector<custody::cuda::stream> made;
+    for (int i = 0; i < 64; ++i) {
+        made.emplace_back(0);
+        CHECK(platform::stream_key(made.back()) != key);
+        if (made.back().view().get() == handle) break;
+    }
+    CHECK(platform::stream_key(cudaStreamPerThread) != platform::stream_key(custody::cuda::stream_view{}));
+    std::uintptr_t other_thread_key = 0;
+    std::thread([&] { other_thread_key = platform::stream_key(cudaStreamPerThread); }).join();
+    CHECK(other_thread_key != platform::stream_key(cudaStreamPerThread)); // one per-thread stream per thread
+}
+
+TEST_CASE("cuda: a stream of another device is refused even with a destroyed stream's handle", "[pool][cuda][streams]") {
+    if (custody::cuda::device_count() < 2) {
+        WARN("needs two devices");
+        return;
+    }
+    pool_type pool(pool_options{}, 0);
+    cudaStream_t handle = nullptr;
+    {
+        custody::cuda::stream a(0);
+        void* p = pool.allocate(a, 4096, 256);
+        pool.deallocate(a, p, 4096, 256);
+        platform::synchronize(a);
+        handle = a.view().get();
+    }
+    std::vector<custody::cuda::stream> made;
+    for (int i = 0; i < 64; ++i) {
+        made.emplace_back(1);
+        CHECK_THROWS_AS(pool.allocate(made.back(), 4096, 256), std::invalid_argument);
+        if (made.back().view().get() == handle) break;
+    }
+}
+
+TEST_CASE("cuda: trim gives the driver pool's memory back to the device", "[pool][cuda][trim]") {
+    using async_pool = stream_ordered_pool<custody::resource::cuda_async>;
+    constexpr std::size_t n = std::size_t{256} << 20;
+    async_pool pool(pool_options{}, 0);
+    custody::cuda::stream s(0);
+    void* p = pool.allocate(s, n, 256);
+    pool.deallocate(s, p, n, 256);
+    const auto before = platform::memory_info(0);
+    CHECK(pool.trim() >= n);
+    CHECK(pool.upstream().retained_bytes() == 0);
+    CHECK(pool.detailed_statistics().upstream_retained_bytes == 0);
+    const auto after = platform::memory_info(0);
+    REQUIRE(before.has_value());
+    REQUIRE(after.has_value());
+    CHECK(after->free >= before->free + n); // usable by cudaMalloc, NCCL, cuBLAS again
 }
 
 int main(int argc, char** argv) {

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <string_view>
 
 namespace custody::test {
@@ -35,11 +36,13 @@ private:
 struct platform_faults {
     static inline std::atomic<int> stream_device{0}; ///< faulty_platform::stream_device on a stream
     static inline std::atomic<int> event_synchronize{0};
+    static inline std::atomic<int> stream_synchronize{0}; ///< faulty_platform::synchronize on a stream
     static inline std::atomic<bool> exiting{false};
 
     static void reset() noexcept {
         stream_device = 0;
         event_synchronize = 0;
+        stream_synchronize = 0;
         exiting = false;
     }
     /// Takes one failure from `count` if any is left; then throws.
@@ -117,10 +120,18 @@ struct faulty_platform {
         }
         return host::platform::stream_device(s.host_view());
     }
-    static void synchronize(stream_view s) { host::platform::synchronize(s.host_view()); }
+    static void synchronize(stream_view s) {
+        if (!s.host_view().is_default()) {
+            platform_faults::fail_if_armed(platform_faults::stream_synchronize, "faulty stream: synchronize failed");
+        }
+        host::platform::synchronize(s.host_view());
+    }
     static void synchronize_device(int device) { host::platform::synchronize_device(device); }
     static void wait(stream_view s, const event& e) { host::platform::wait(s.host_view(), e.host_event()); }
     [[nodiscard]] static bool is_capturing(stream_view) noexcept { return false; }
+    [[nodiscard]] static std::optional<device_memory> memory_info(int device) noexcept {
+        return host::platform::memory_info(device);
+    }
     [[nodiscard]] static bool is_exiting(const std::exception& e) noexcept {
         const auto* fault = dynamic_cast<const platform_fault*>(&e);
         return fault != nullptr && fault->exiting();

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <exception>
 #include <new>
+#include <optional>
 #include <source_location>
 #include <string_view>
 #include <utility>
@@ -152,7 +153,13 @@ struct platform {
     static void set_device(int device) { CUSTODY_CUDA_TRY(cudaSetDevice(device)); }
     static void set_device_noexcept(int device) noexcept { CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaSetDevice(device)); }
 
+    /// cudaStreamGetId: unique for the process's lifetime, where a handle may be reused by a new
+    /// stream once its stream is destroyed; the per-thread default stream has one per thread.
+    /// The handle itself if the query fails (a stream already destroyed).
     [[nodiscard]] static std::uintptr_t stream_key(stream_view s) noexcept {
+        unsigned long long id = 0;
+        if (cudaStreamGetId(s.get(), &id) == cudaSuccess) return static_cast<std::uintptr_t>(id);
+        static_cast<void>(cudaGetLastError());
         return reinterpret_cast<std::uintptr_t>(s.get());
     }
     [[nodiscard]] static int stream_device(stream_view s) {
@@ -168,11 +175,21 @@ struct platform {
         const auto* failed = dynamic_cast<const cuda_error*>(&e);
         return failed != nullptr && cuda::is_exiting(static_cast<cudaError_t>(failed->code()));
     }
+    /// True too for the legacy stream while a blocking stream captures (the query then returns
+    /// cudaErrorStreamCaptureImplicit: the legacy stream may not be used until the capture ends).
     [[nodiscard]] static bool is_capturing(stream_view s) {
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-        CUSTODY_CUDA_TRY(cudaStreamIsCapturing(s.get(), &status));
+        const cudaError_t result = cudaStreamIsCapturing(s.get(), &status);
+        if (result == cudaErrorStreamCaptureImplicit) {
+            static_cast<void>(cudaGetLastError());
+            return true;
+        }
+        CUSTODY_CUDA_TRY(result);
         return status != cudaStreamCaptureStatusNone;
     }
+    /// cudaMemGetInfo on `device` (the caller's current device is restored); nothing if the query
+    /// fails. A driver call: the pool asks only when it grows.
+    [[nodiscard]] static std::optional<device_memory> memory_info(int device) noexcept;
     static void memcpy_async(void* dst, const void* src, std::size_t bytes, stream_view s) {
         if (bytes == 0) return;
         CUSTODY_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s.get()));
@@ -191,6 +208,19 @@ using device_guard = basic_device_guard<platform>;
 inline void platform::synchronize_device(int device) {
     device_guard guard(device);
     CUSTODY_CUDA_TRY(cudaDeviceSynchronize());
+}
+
+inline std::optional<device_memory> platform::memory_info(int device) noexcept {
+    std::optional<device_memory> result;
+    device_guard guard(device, std::nothrow);
+    std::size_t free = 0;
+    std::size_t total = 0;
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+        result = device_memory{free, total};
+    } else {
+        static_cast<void>(cudaGetLastError());
+    }
+    return result;
 }
 
 inline stream::stream(int device) : device_(device) {

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -48,13 +49,19 @@ inline std::atomic<int>& device_count_slot() noexcept {
     return count;
 }
 
+/// The identity of the next stream: 1, 2, 3, ... in creation order, never given twice.
+inline std::uint64_t next_stream_id() noexcept {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 /// One stream's queue and worker thread.
 ///
 /// Invariants: completed_ <= enqueued_; task k (1-based, in enqueue order) has finished iff
-/// completed_ >= k. Both only grow.
+/// completed_ >= k. Both only grow. id_ >= 1 is this stream's alone, for the process's lifetime.
 class stream_state : public std::enable_shared_from_this<stream_state> {
 public:
-    explicit stream_state(int device) : device_(device) {}
+    explicit stream_state(int device) : device_(device), id_(next_stream_id()) {}
     stream_state(const stream_state&) = delete;
     stream_state& operator=(const stream_state&) = delete;
     ~stream_state() { shutdown(); }
@@ -88,6 +95,7 @@ public:
     }
 
     [[nodiscard]] int device() const noexcept { return device_; }
+    [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
 
     /// Lets every enqueued task finish, then joins the worker. Idempotent.
     void shutdown() noexcept {
@@ -121,6 +129,7 @@ private:
     }
 
     int device_;
+    std::uint64_t id_;
     std::mutex mutex_;
     std::condition_variable work_cv_;
     std::condition_variable done_cv_;
@@ -249,7 +258,15 @@ public:
     event& operator=(const event&) = delete;
     ~event() = default;
 
+    /// Throws std::invalid_argument for the default stream while another device than the event's
+    /// is current: the default stream is the current device's, and cudaEventRecord refuses an
+    /// event and a stream of two devices.
     void record(stream_view s) {
+        if (s.is_default() && detail::current_device_slot() != device_) {
+            throw std::invalid_argument("custody: an event of host device " + std::to_string(device_) +
+                                        " recorded on the default stream of device " +
+                                        std::to_string(detail::current_device_slot()));
+        }
         if (s.is_default()) {
             state_.reset();
             ticket_ = 0;
@@ -290,8 +307,10 @@ struct platform {
     }
     static void set_device_noexcept(int device) noexcept { detail::current_device_slot() = device; }
 
+    /// The stream's own id (0 for the default stream): a stream made where a destroyed one was
+    /// never has the destroyed one's key.
     [[nodiscard]] static std::uintptr_t stream_key(stream_view s) noexcept {
-        return reinterpret_cast<std::uintptr_t>(s.state());
+        return s.is_default() ? 0 : static_cast<std::uintptr_t>(s.state()->id());
     }
     [[nodiscard]] static int stream_device(stream_view s) noexcept {
         return s.is_default() ? current_device() : s.state()->device();
@@ -312,6 +331,9 @@ struct platform {
         s.state()->enqueue([state = e.state_, ticket = e.ticket_] { state->wait_for(ticket); });
     }
     [[nodiscard]] static bool is_capturing(stream_view) noexcept { return false; }
+    /// Nothing: virtual devices have no memory of their own (a resource such as
+    /// simulated_device_memory gives one its capacity).
+    [[nodiscard]] static std::optional<device_memory> memory_info(int) noexcept { return std::nullopt; }
     /// Nothing unloads under the host platform: no failure means the process is exiting.
     [[nodiscard]] static bool is_exiting(const std::exception&) noexcept { return false; }
     static void memcpy_async(void* dst, const void* src, std::size_t bytes, stream_view s) {

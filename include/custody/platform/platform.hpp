@@ -13,13 +13,16 @@
 ///   P::current_device()     this thread's current device
 ///   P::set_device(d)        makes d this thread's current device (throws if it cannot)
 ///   P::set_device_noexcept(d)   the same for destructors: reports a failure instead of throwing
-///   P::stream_key(s)        an integer that identifies s among live streams (per-stream maps)
+///   P::stream_key(s)        an integer that identifies s for the process's lifetime: a stream
+///                           made after s is destroyed never has s's key (per-stream maps)
 ///   P::stream_device(s)     the device s belongs to
 ///   P::synchronize(s)       blocks until all work enqueued on s so far has finished
 ///   P::synchronize_device(d)  blocks until all work enqueued so far on every stream of device d
 ///                           (streams destroyed with work pending included) has finished
 ///   P::wait(s, e)           work enqueued on s after this call waits for e, without blocking the host
 ///   P::is_capturing(s)      s is being captured into a graph (always false on the host platform)
+///   P::memory_info(d)       free and total memory of device d now (a device_memory), or nothing
+///                           when the platform cannot tell; never throws
 ///   P::memcpy_async(dst, src, n, s), P::memset_async(dst, v, n, s)
 ///   P::is_exiting(e)        the exception e says the process is exiting (the CUDA runtime
 ///                           unloading): a failure a destructor has no need to report
@@ -43,11 +46,18 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 
 namespace custody {
+
+/// What a device has, as its platform reports it (P::memory_info).
+struct device_memory {
+    std::size_t free = 0;  ///< bytes no one has allocated yet
+    std::size_t total = 0; ///< bytes the device has
+};
 
 template <class P>
 concept platform = requires(typename P::stream_view s, typename P::event& e, const typename P::event& ce,
@@ -68,6 +78,7 @@ concept platform = requires(typename P::stream_view s, typename P::event& e, con
     P::synchronize_device(device);
     P::wait(s, ce);
     { P::is_capturing(s) } -> std::same_as<bool>;
+    { P::memory_info(device) } noexcept -> std::same_as<std::optional<device_memory>>;
     P::memcpy_async(dst, src, bytes, s);
     P::memset_async(dst, 0, bytes, s);
     { P::is_exiting(ex) } noexcept -> std::same_as<bool>;

@@ -19,7 +19,7 @@ class capture_error final : public custody::error {
 public:
     capture_error(std::uintptr_t stream_key, std::size_t bytes)
         : error("custody: stream_ordered_pool refuses to allocate " + std::to_string(bytes) +
-                " bytes on stream " + detail::to_hex(stream_key) +
+                " bytes on stream " + custody::detail::to_hex(stream_key) +
                 " while it is being captured into a graph; allocate before capture"),
           stream_key_(stream_key), bytes_(bytes) {}
 

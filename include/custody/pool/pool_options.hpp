@@ -3,6 +3,9 @@
 /// streams, and the limits it keeps.
 #pragma once
 
+#include <custody/platform/platform.hpp>
+#include <custody/pool/pool_misuse.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -26,22 +29,25 @@ enum class reuse_policy {
     follow_dependencies,
 };
 
-/// What a device has, as the platform reports it.
-struct device_memory {
-    std::size_t free = 0;  ///< bytes no one has allocated yet
-    std::size_t total = 0; ///< bytes the device has
-};
-
-/// A function that tells how much memory `device` has free now (cudaMemGetInfo on the cuda
-/// platform: custody::pool::cuda_memory_info in pool/cuda_memory_info.hpp), or nothing.
+/// A function that tells how much memory `device` has free now, or nothing: the platform's
+/// `Platform::memory_info` (cudaMemGetInfo on the cuda platform), or one of the caller's own.
 using memory_info_function = std::optional<device_memory> (*)(int device);
+
+/// Whether pool_options::checked is on by default: in builds without NDEBUG (debug builds).
+#ifdef NDEBUG
+inline constexpr bool checked_by_default = false;
+#else
+inline constexpr bool checked_by_default = true;
+#endif
 
 /// How a stream_ordered_pool grows and what it keeps. Every field has a default that suits an
 /// inference server; the comment beside each says why.
 struct pool_options {
-    /// Bytes taken from the upstream when the pool is built. 0 (the default): nothing until the
-    /// first allocation, so a pool that is never used costs nothing. An engine that knows its
-    /// working set sets it here and never grows during a request.
+    /// Bytes taken from the upstream when the pool is built, as one chunk that serves every size:
+    /// while the pool holds no more than this, size-class blocks are cut from it too (beyond it,
+    /// they take chunks of their own). 0 (the default): nothing until the first allocation, so a
+    /// pool that is never used costs nothing. An engine that knows its working set sets it here
+    /// and never grows during a request.
     std::size_t initial_size = 0;
 
     /// Smallest chunk taken from the upstream when the pool must grow: 2 MiB (the GPU's large
@@ -76,6 +82,11 @@ struct pool_options {
     /// many bytes: a large buffer given back on a quiet stream (a communication buffer freed once
     /// a step) then serves other streams at once, for one record per 64 MiB.
     std::size_t record_bytes = std::size_t{64} << 20;
+    /// ... or as soon as they reach the pool's reserve / record_share: a consumer stream that
+    /// gives back blocks a producer stream allocated covers them before the producer must grow the
+    /// pool (with 8, a producer/consumer pair keeps the reserve within 1.5x of the live peak; see
+    /// the benchmark cross_stream/*). 0: record_interval and record_bytes alone.
+    std::size_t record_share = 8;
 
     /// The whole-device budget: the pool grows only while the device keeps `device_headroom` bytes
     /// free for what the pool does not own (NCCL buffers, CUDA contexts, cuBLAS/cuDNN workspaces).
@@ -97,6 +108,15 @@ struct pool_options {
     /// more are created at once when they run out.
     std::size_t initial_events = 8;
     std::size_t event_batch = 8;
+
+    /// Checked mode: the pool keeps its live blocks by address (a map under one lock: O(log n)
+    /// and a node allocation per pair) and checks every deallocate against them. A double free,
+    /// an interior pointer, a pointer of none of the pool's chunks, or bytes or an alignment other
+    /// than the allocation's is reported as a `misuse` (to `on_misuse`, or else its describe() to
+    /// custody::report_failure) and changes nothing. On by default in debug builds (no NDEBUG);
+    /// its cost per pair is measured by the benchmark pair/pool_checked beside pair/pool.
+    bool checked = checked_by_default;
+    misuse_callback on_misuse = nullptr;
 };
 
 } // namespace custody::pool

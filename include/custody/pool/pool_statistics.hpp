@@ -4,10 +4,13 @@
 /// fragmented it is.
 #pragma once
 
+#include <custody/core/detail/format.hpp>
 #include <custody/core/statistics.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 namespace custody::pool {
@@ -37,10 +40,14 @@ struct pool_statistics {
     std::uint64_t fast_allocations = 0;     ///< served from the stream's own size-class list (the O(1) path)
     std::uint64_t upstream_allocations = 0;
     std::uint64_t upstream_deallocations = 0;
+    /// What the upstream keeps of what was given back to it (cuda_async: its driver pool's reserve
+    /// beyond live blocks; trim() gives it back to the device); 0 when it cannot tell.
+    std::size_t upstream_retained_bytes = 0;
     std::uint64_t opportunistic_reuses = 0; ///< streams' caches moved to the shared set after their event completed
     std::uint64_t dependency_waits = 0;     ///< times a stream was made to wait on another's event
     std::uint64_t reclaims = 0;             ///< last-resort reclaims (host waits) before a failure
     std::uint64_t failures = 0;             ///< out_of_memory thrown
+    std::uint64_t misuses = 0;              ///< deallocates a checked pool refused (pool_options::checked)
     std::vector<stream_free_bytes> per_stream; ///< one entry per shard, in the order streams were met
 
     /// Peak reserved over peak live bytes: what the pool costs over what its users ever held at
@@ -55,6 +62,27 @@ struct pool_statistics {
     [[nodiscard]] double external_fragmentation() const noexcept {
         const std::size_t free = stream_cached_bytes + shared_free_bytes;
         return free == 0 ? 0.0 : 1.0 - static_cast<double>(largest_free_block) / static_cast<double>(free);
+    }
+
+    /// One line on where the memory is, as out_of_memory messages carry it: live bytes (requested
+    /// and rounded), reserved bytes and chunks, the largest free block, shared free bytes, free
+    /// bytes per stream, and reserved/live and external fragmentation.
+    [[nodiscard]] std::string describe() const {
+        std::string d = "pool: live " + std::to_string(totals.live_bytes) + " B (" + std::to_string(live_block_bytes) +
+                        " B in blocks), reserved " + std::to_string(totals.reserved_bytes) + " B in " +
+                        std::to_string(chunks) + " chunks, largest free block " + std::to_string(largest_free_block) +
+                        " B, shared free " + std::to_string(shared_free_bytes) + " B, free per stream [";
+        for (std::size_t i = 0; i < per_stream.size(); ++i) {
+            d += (i == 0 ? "" : ", ") + custody::detail::to_hex(per_stream[i].stream_key) + ": " +
+                 std::to_string(per_stream[i].bytes) + " B";
+        }
+        char ratio[96];
+        const double reserved_per_live = totals.live_bytes == 0 ? 0.0
+                                                                : static_cast<double>(totals.reserved_bytes) /
+                                                                      static_cast<double>(totals.live_bytes);
+        std::snprintf(ratio, sizeof ratio, "], fragmentation %.3f (reserved/live), %.3f (1 - largest/free)",
+                      reserved_per_live, external_fragmentation());
+        return d + ratio;
     }
 };
 

@@ -20,7 +20,8 @@ namespace custody::resource {
 /// The pool's release threshold is set (by default to the maximum) so that memory freed back to
 /// the pool stays there across synchronizations: a warm pool stays warm instead of returning
 /// memory to the driver at every cudaStreamSynchronize. The threshold is a property of the
-/// device's default pool, shared with every other user of that pool in the process.
+/// device's default pool, shared with every other user of that pool in the process; trim() gives
+/// what it retains back to the device (a stream_ordered_pool over it calls it when it trims).
 ///
 /// Device binding: every call runs with the resource's device current. Stream semantics: those of
 /// cudaMallocAsync (the driver tracks reuse across streams with its own events); the synchronous
@@ -47,6 +48,32 @@ public:
     }
 
     [[nodiscard]] cudaMemPool_t pool_handle() const noexcept { return pool_; }
+
+    /// Bytes the driver pool holds beyond its live allocations (ReservedMemCurrent minus
+    /// UsedMemCurrent): memory given back that the rest of the device (NCCL, cuBLAS, cudaMalloc)
+    /// cannot use until trim(). 0 if the query fails.
+    [[nodiscard]] std::size_t retained_bytes() const noexcept {
+        std::uint64_t reserved = 0; // cuuint64_t
+        std::uint64_t used = 0;
+        if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved) != cudaSuccess ||
+            cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &used) != cudaSuccess) {
+            static_cast<void>(cudaGetLastError());
+            return 0;
+        }
+        return reserved > used ? static_cast<std::size_t>(reserved - used) : 0;
+    }
+
+    /// Gives what the driver pool retains back to the device (cudaMemPoolTrimTo(pool, 0)), once
+    /// the frees enqueued on the device's legacy stream have run; returns the bytes given back.
+    /// Blocks while the legacy stream finishes. Throws custody::cuda_error.
+    std::size_t trim() {
+        cuda::device_guard guard(device());
+        CUSTODY_CUDA_TRY(cudaStreamSynchronize(nullptr));
+        const std::size_t before = retained_bytes();
+        CUSTODY_CUDA_TRY(cudaMemPoolTrimTo(pool_, 0));
+        const std::size_t after = retained_bytes();
+        return before > after ? before - after : 0;
+    }
 
     void* raw_allocate(stream_type stream, std::size_t bytes, std::size_t) {
         cuda::device_guard guard(device());

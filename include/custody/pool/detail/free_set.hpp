@@ -4,6 +4,7 @@
 #pragma once
 
 #include <custody/core/align.hpp>
+#include <custody/pool/detail/block_kind.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -19,7 +20,7 @@ struct free_block {
     std::uintptr_t address = 0;
     std::size_t size = 0;
     std::uintptr_t chunk = 0; ///< base address of the upstream chunk it lies in
-    unsigned kind = 0;        ///< the owner's use: which of its sets the block belongs to
+    block_kind kind = block_kind::small; ///< the kind of its chunk: which of the owner's sets it belongs to
 };
 
 /// A set of free blocks with best-fit search, splitting and coalescing.

@@ -1,0 +1,83 @@
+/// @file
+/// `growth_rule`: how large a chunk the pool takes from its upstream when it grows, and the limits
+/// that say whether it may (maximum_size, the device budget), and the options' defaults.
+#pragma once
+
+#include <custody/core/align.hpp>
+#include <custody/pool/detail/size_classes.hpp>
+#include <custody/pool/pool_options.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+
+namespace custody::pool::detail {
+
+/// The GPU's large page, which cudaMalloc rounds every allocation to: a chunk for one large request
+/// is its size rounded up to this; a chunk sized by growth_divisor is rounded down to it.
+inline constexpr std::size_t chunk_rounding = std::size_t{2} << 20;
+
+/// `o` with its defaults applied: growth_step 0 becomes the granule, record_interval 0 becomes 1,
+/// growth_step is rounded up to the granule. Throws std::invalid_argument for max_streams == 0.
+[[nodiscard]] inline pool_options validated(pool_options o) {
+    if (o.max_streams == 0) throw std::invalid_argument("custody: pool_options::max_streams must be at least 1");
+    if (o.growth_step == 0) o.growth_step = granule;
+    if (o.record_interval == 0) o.record_interval = 1;
+    o.growth_step = align_up(o.growth_step, granule);
+    return o;
+}
+
+/// The growth and limit rules of pool_options, apart from the memory they govern. A plain value;
+/// every function is pure and O(1).
+class growth_rule {
+public:
+    /// From options already validated (growth_step a non-zero multiple of the granule).
+    explicit growth_rule(const pool_options& o) noexcept
+        : step_(o.growth_step), divisor_(o.growth_divisor), maximum_(o.maximum_size), headroom_(o.device_headroom),
+          capacity_(o.device_capacity) {}
+
+    /// The chunk to try first for a block of `size` bytes when the pool holds `reserved`:
+    /// max(growth_step, reserved / growth_divisor), the latter rounded down to whole 2 MiB pages
+    /// once above 2 MiB (the GPU allocates whole pages: a page begun is a page taken), or `size`
+    /// rounded up to 2 MiB when larger. (The pool falls back to exactly `size` when this is refused.)
+    [[nodiscard]] std::size_t preferred_chunk(std::size_t size, std::size_t reserved) const noexcept {
+        std::size_t preferred = step_;
+        if (divisor_ != 0) {
+            const std::size_t share = reserved / divisor_;
+            preferred = std::max(preferred, share >= chunk_rounding ? share - share % chunk_rounding : align_up(share, granule));
+        }
+        if (size > preferred) preferred = align_up(size, chunk_rounding);
+        return preferred;
+    }
+
+    /// Whether a pool holding `reserved` bytes may take `n` more: within maximum_size, and within
+    /// the device budget: `device_headroom` bytes stay free on the device, as `device` reports it
+    /// (memory taken by others counts), or else as device_capacity minus what the pool holds.
+    [[nodiscard]] bool allows(std::size_t n, std::size_t reserved, const std::optional<device_memory>& device) const noexcept {
+        if (n > maximum_ || reserved > maximum_ - n) return false;
+        if (device) return device->free >= n && device->free - n >= headroom_;
+        if (capacity_ != 0) {
+            const std::size_t budget = capacity_ > headroom_ ? capacity_ - headroom_ : 0;
+            return reserved <= budget && n <= budget - reserved;
+        }
+        return true;
+    }
+
+    /// Requests larger than this fail at once: no amount of reclaiming could serve them.
+    [[nodiscard]] std::size_t request_limit() const noexcept {
+        std::size_t limit = std::min(maximum_, SIZE_MAX / 2);
+        if (capacity_ != 0) limit = std::min(limit, capacity_ > headroom_ ? capacity_ - headroom_ : std::size_t{0});
+        return limit;
+    }
+
+private:
+    std::size_t step_;
+    std::size_t divisor_;
+    std::size_t maximum_;
+    std::size_t headroom_;
+    std::size_t capacity_;
+};
+
+} // namespace custody::pool::detail

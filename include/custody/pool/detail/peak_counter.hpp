@@ -1,0 +1,107 @@
+/// @file
+/// `peak_counter` and `peak_credit`: the pool's exact peak of live bytes, kept without a pool-wide
+/// write on the common path.
+#pragma once
+
+#include <custody/core/detail/atomic_peak.hpp>
+#include <custody/pool/detail/spin_mutex.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <mutex>
+
+namespace custody::pool::detail {
+
+/// The bytes given back on one stream that stay counted in the pool's committed total (see
+/// peak_counter). Thread safety: none; the stream's shard lock guards it.
+class peak_credit {
+public:
+    /// Covers `bytes` of a new allocation on this stream from the credit; returns what the credit
+    /// did not cover (bytes to commit).
+    [[nodiscard]] std::size_t charge(std::size_t bytes) noexcept {
+        if (bytes_ >= bytes) {
+            bytes_ -= bytes;
+            return 0;
+        }
+        const std::size_t owed = bytes - bytes_;
+        bytes_ = 0;
+        return owed;
+    }
+    /// Keeps `bytes` given back on this stream as credit.
+    void add(std::size_t bytes) noexcept { bytes_ += bytes; }
+    /// Takes the whole credit back (the peak counter then uncounts it).
+    [[nodiscard]] std::size_t take_all() noexcept {
+        const std::size_t b = bytes_;
+        bytes_ = 0;
+        return b;
+    }
+    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+
+private:
+    std::size_t bytes_ = 0;
+};
+
+/// Live bytes and their exact peak.
+///
+/// Each stream counts its own live bytes and holds a credit: bytes given back on it that stay
+/// counted in committed_. An allocation that its stream's credit covers cannot make a new peak: it
+/// only moves bytes from credit to live, under the lock the stream already holds. One that is not
+/// covered adds the rest to committed_ (commit), and while the sum stays at or below the peak
+/// nothing else is needed. Only above the peak are the other streams' credits taken back (each
+/// under its lock), which makes committed_ the live bytes exactly, and the peak is raised to it.
+/// In a steady state (a decode loop) live memory stays below the peak reached in the first steps,
+/// so threads on different streams share no cache line; as the pool warms up, each new peak costs
+/// a pass over the streams.
+///
+/// Invariants (live: the pool's live bytes, summed over the streams and the calls without one):
+///   committed_ = live + sum of the streams' credits
+///   committed_ <= peak_ whenever no commit is in flight; peak_ only grows
+/// Thread safety: thread-safe. mutex_ is taken before any stream's lock, never while one is held.
+class peak_counter {
+public:
+    /// What commit() hands to the caller's pass over the streams: take() a stream's credit back
+    /// while wanted().
+    class reclaimer {
+    public:
+        /// The committed bytes are still above the peak: another credit must be taken back.
+        [[nodiscard]] bool wanted() const noexcept { return now_ > counter_.peak(); }
+        /// Takes `credit` back (the stream's lock held).
+        void take(peak_credit& credit) noexcept {
+            const std::size_t taken = credit.take_all();
+            now_ = counter_.committed_.fetch_sub(taken, std::memory_order_relaxed) - taken;
+        }
+
+    private:
+        friend class peak_counter;
+        reclaimer(peak_counter& counter, std::size_t now) noexcept : counter_(counter), now_(now) {}
+        peak_counter& counter_;
+        std::size_t now_;
+    };
+
+    /// Adds live bytes that no credit covered, raising the peak exactly when they make one. Past the
+    /// peak, calls `for_each_credit(reclaimer&)`, which visits the streams (each under its lock)
+    /// while the reclaimer wants more. Call with no stream's lock held.
+    template <class ForEachCredit>
+    void commit(std::size_t bytes, ForEachCredit&& for_each_credit) noexcept {
+        std::size_t seen = committed_.load(std::memory_order_relaxed);
+        while (seen + bytes <= peak()) {
+            if (committed_.compare_exchange_weak(seen, seen + bytes, std::memory_order_relaxed)) return;
+        }
+        std::lock_guard lock(mutex_);
+        reclaimer r(*this, committed_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+        for_each_credit(r);
+        custody::detail::raise_peak(peak_, r.now_);
+    }
+
+    /// Uncounts `bytes` given back without a stream's credit to keep them.
+    void release(std::size_t bytes) noexcept { committed_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+    [[nodiscard]] std::size_t peak() const noexcept { return peak_.load(std::memory_order_relaxed); }
+
+private:
+    alignas(64) std::atomic<std::size_t> committed_{0};
+    std::atomic<std::size_t> peak_{0};
+    spin_mutex mutex_; ///< serializes raising the peak
+};
+
+} // namespace custody::pool::detail

@@ -1,0 +1,386 @@
+/// @file
+/// `stream_caches`: the pool's per-stream side: a shard per stream, the events that say when a
+/// stream's blocks are idle, and the rules by which blocks leave one stream for the others.
+#pragma once
+
+#include <custody/core/concepts.hpp>
+#include <custody/core/failure_callback.hpp>
+#include <custody/platform/platform.hpp>
+#include <custody/pool/detail/counters.hpp>
+#include <custody/pool/detail/event_pool.hpp>
+#include <custody/pool/detail/request.hpp>
+#include <custody/pool/detail/shard.hpp>
+#include <custody/pool/detail/shared_store.hpp>
+#include <custody/pool/detail/stream_table.hpp>
+#include <custody/pool/pool_options.hpp>
+#include <custody/pool/pool_statistics.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace custody::pool::detail {
+
+/// The streams' caches of a pool over `Upstream`, and what moves between them and the pool's
+/// shared store.
+///
+/// Stream semantics: a block given back on stream s is reusable at once on s. It is covered once
+/// s's event is recorded after it (every record_interval frees or record_bytes bytes given back on
+/// s, and before s's blocks move into its spans); a covered block may leave s once the event has
+/// completed (drain_completed), behind a stream wait on the event (take_with_dependency), or after
+/// a host wait on it (reclaim). Blocks not yet covered leave only after the device is synchronized
+/// (reclaim). Only s's own calls record on s, so a destroyed stream never sees a record.
+/// Thread safety: thread-safe; each shard's lock guards it; no shard's lock is held while the
+/// store's is taken. Ownership: owns the shards and their events; refers to the store and the
+/// activity counters of its pool, which outlive it.
+template <stream_ordered_resource Upstream>
+class stream_caches {
+public:
+    using stream_type = typename Upstream::stream_type;
+    using platform_type = typename stream_type::platform_type;
+    using shard = detail::shard<typename platform_type::event>;
+
+    /// For a pool of `device` (-1: none) with validated `options`. Creates options.initial_events
+    /// events (on `device`, or the current one), and throws what creating them throws.
+    stream_caches(const pool_options& options, int device, shared_store<Upstream>& store, activity_counters& activity)
+        : record_interval_(options.record_interval), record_bytes_(options.record_bytes),
+          record_share_(options.record_share), device_(device),
+          events_(device >= 0 ? device : platform_type::current_device(), options.initial_events, options.event_batch),
+          table_(options.max_streams), store_(store), activity_(activity) {}
+    stream_caches(const stream_caches&) = delete;
+    stream_caches& operator=(const stream_caches&) = delete;
+
+    /// Waits until every cached block is idle: each stream's event, and the device when some
+    /// blocks are not covered. Reports failures, unless the process is exiting (for the pool's
+    /// destructor; see run_exit_tolerant).
+    void wait_all() noexcept {
+        bool uncovered = false;
+        table_.for_each([&](shard& sh) {
+            uncovered = uncovered || sh.dirty(record_interval_);
+            run_exit_tolerant<platform_type>("stream_ordered_pool: waiting for a stream's event at destruction",
+                                             [&] { sh.event.synchronize(); });
+        });
+        if (!uncovered) return;
+        run_exit_tolerant<platform_type>("stream_ordered_pool: synchronizing the device at destruction",
+                                         [&] { synchronize_devices(); });
+    }
+
+    // ---- finding a stream's shard ----
+
+    /// The stream's shard, made at its first use; nullptr when max_streams shards exist.
+    /// Lock-free when the shard exists. Throws std::invalid_argument for a stream of another
+    /// device, and what making an event throws.
+    shard* shard_for(stream_type stream) {
+        if (shard* sh = table_.find(platform_type::stream_key(stream))) [[likely]] return sh;
+        return make_shard(stream);
+    }
+
+    /// shard_for for deallocate: nullptr for a stream of another device (served without a
+    /// shard, as documented), and when no shard can be made (reported).
+    shard* shard_for_free(stream_type stream) noexcept {
+        if (shard* sh = table_.find(platform_type::stream_key(stream))) [[likely]] return sh;
+        return make_shard_for_free(stream);
+    }
+
+private:
+    [[gnu::noinline]] shard* make_shard_for_free(stream_type stream) noexcept {
+        try {
+            return make_shard(stream);
+        } catch (const std::invalid_argument&) {
+            return nullptr;
+        } catch (...) {
+            report_failure("stream_ordered_pool: no shard could be made for a stream; its block is given back "
+                           "after the stream finishes");
+            return nullptr;
+        }
+    }
+
+    /// The slow half of shard_for, out of line so that the lookup stays small enough to inline.
+    [[gnu::noinline]] shard* make_shard(stream_type stream) {
+        const std::uintptr_t key = platform_type::stream_key(stream);
+        return table_.find_or_create(key, [&] {
+            if (device_ >= 0 && !(stream == stream_type{}) && platform_type::stream_device(stream) != device_) {
+                throw std::invalid_argument("custody: stream of device " +
+                                            std::to_string(platform_type::stream_device(stream)) +
+                                            " used with a pool of device " + std::to_string(device_));
+            }
+            return std::make_unique<shard>(key, events_.acquire(), record_interval_);
+        });
+    }
+
+public:
+    // ---- giving back ----
+
+    /// Whether `stream` is capturing, for deallocate: a query that fails counts as capturing (the
+    /// block is then quarantined, never reused), and is reported.
+    static bool capturing_for_free(stream_type stream) noexcept {
+        try {
+            return platform_type::is_capturing(stream);
+        } catch (...) {
+            report_failure("stream_ordered_pool: asking whether a stream is capturing failed; the block given "
+                           "back on it is quarantined");
+            return true;
+        }
+    }
+
+    /// Keeps a block given back on the shard's stream; counts it lost when there is no host
+    /// memory to hold it.
+    [[gnu::always_inline]] void give_back(shard& sh, stream_type stream, std::uintptr_t address, request r) noexcept {
+        bool stored = false;
+        {
+            std::lock_guard lock(sh.mutex);
+            stored = store_in(sh, stream, address, r);
+            if (stored && sh.stored(r.size, record_threshold())) [[unlikely]] cover(sh, stream);
+            sh.on_deallocated(r);
+        }
+        if (!stored) store_.lose(r.size);
+    }
+
+    /// For a stream without a shard: waits for the stream, then the block is idle and goes to the
+    /// shared set (quarantined, and reported, when the wait fails).
+    [[gnu::noinline]] void give_back_synchronously(stream_type stream, std::uintptr_t address, std::size_t size) noexcept {
+        try {
+            platform_type::synchronize(stream);
+        } catch (...) {
+            report_failure("stream_ordered_pool: synchronizing a stream to give a block back failed; the block is "
+                           "quarantined");
+            store_.quarantine(size);
+            return;
+        }
+        store_.insert({address, size, 0});
+    }
+
+    // ---- a stream's own cache ----
+
+    /// Moves a shard's size-class blocks into its spans, coalescing them, when they hold at least
+    /// `threshold` bytes; records the event first when some are not covered (the spans hold only
+    /// covered blocks). True when any moved.
+    bool merge_classes(shard& sh, stream_type stream, std::size_t threshold) {
+        std::lock_guard lock(sh.mutex);
+        if (sh.class_bytes() < threshold) return false;
+        const std::size_t count = sh.classes.count(false);
+        if (count == 0) return false;
+        // Sorted by address, blocks cut one after another from a span (a request's KV pages)
+        // form runs that go into the tree as one block: one insert per run, not per block.
+        std::vector<free_block> blocks;
+        blocks.reserve(count); // may throw: nothing has moved yet
+        if (sh.dirty(record_interval_)) cover(sh, stream);
+        sh.merge_classes(blocks, store_.chunks(), [&](std::size_t size) { store_.lose(size); });
+        return true;
+    }
+
+    /// Merges every recent large block of `sh` into its spans, recording first when some are not
+    /// covered (its lock held).
+    void merge_recent(shard& sh, stream_type stream) noexcept {
+        if (sh.recent.empty()) return;
+        if (!sh.recent.all_covered()) cover(sh, stream);
+        sh.merge_recent(sh.recent.size(), store_.chunks());
+    }
+
+    /// The block of `t` (taken for the stream of `sh`; nullptr: a stream without a shard, whose
+    /// `t` has no tail), its tail kept in the stream's large spans (in the shared set again when
+    /// there is no host memory for it).
+    void* kept(shard* sh, const taken_block& t) noexcept {
+        if (t.tail.size != 0) {
+            bool in_spans = false;
+            {
+                std::lock_guard lock(sh->mutex);
+                try {
+                    sh->spans[block_kind::large].insert(t.tail);
+                    sh->cached += t.tail.size;
+                    in_spans = true;
+                } catch (const std::bad_alloc&) {
+                }
+            }
+            if (!in_spans) store_.insert(t.tail);
+        }
+        return reinterpret_cast<void*>(t.block.address);
+    }
+
+    // ---- other streams' caches ----
+
+    /// Moves the covered blocks of other streams whose event has completed to the shared set.
+    /// True when anything moved. Never waits.
+    bool drain_completed(const shard* self) {
+        bool moved = false;
+        table_.for_each([&](shard& other) {
+            if (&other == self) return;
+            std::vector<free_block> blocks;
+            {
+                std::lock_guard lock(other.mutex);
+                if (other.cached == 0 || !other.event.ready()) return;
+                blocks = other.take_blocks(true, record_interval_);
+            }
+            if (blocks.empty()) return;
+            store_.insert_runs(blocks);
+            activity_counters::count(activity_.opportunistic_reuses);
+            moved = true;
+        });
+        return moved;
+    }
+
+    /// Finds a covered block for `r` in another stream's cache, makes `stream` wait on that
+    /// stream's event (no host synchronization but for the default stream, see wait_for) and
+    /// takes the block; 0 when none fits.
+    std::uintptr_t take_with_dependency(stream_type stream, shard& self, request r) {
+        std::uintptr_t address = 0;
+        table_.for_each([&](shard& other) {
+            if (address != 0 || &other == &self) return;
+            std::lock_guard lock(other.mutex);
+            if (other.cached != 0) address = take_covered(stream, other, r);
+        });
+        if (address != 0) activity_counters::count(activity_.dependency_waits);
+        return address;
+    }
+
+    /// Moves every stream's cache to the shared set once its blocks are idle: a stream whose
+    /// blocks are all covered is waited for through its event, the others through one
+    /// synchronization of the device (their streams may be gone; the device has their work).
+    /// Throws what the platform's waits throw (the blocks taken are then quarantined).
+    void reclaim() {
+        std::vector<std::vector<free_block>> taken;
+        taken.reserve(table_.size()); // no allocation once blocks are out
+        bool uncovered = false;
+        table_.for_each([&](shard& sh) {
+            if (taken.size() == taken.capacity()) return; // a shard created during the reclaim
+            std::lock_guard lock(sh.mutex);
+            if (sh.cached == 0) return;
+            if (!sh.dirty(record_interval_)) {
+                sh.event.synchronize();
+            } else {
+                uncovered = true;
+            }
+            taken.push_back(sh.take_blocks(false, record_interval_));
+        });
+        if (uncovered) {
+            try {
+                synchronize_devices();
+            } catch (...) {
+                // Their work may still be running: they are never reused.
+                for (const auto& blocks : taken) {
+                    for (const auto& b : blocks) store_.quarantine(b.size);
+                }
+                throw;
+            }
+        }
+        for (auto& blocks : taken) store_.insert_runs(blocks);
+    }
+
+    // ---- every stream ----
+
+    /// Calls `f(shard&)` for every shard, in the order their streams were met.
+    template <class F>
+    void for_each(F&& f) const {
+        table_.for_each(f);
+    }
+    [[nodiscard]] std::size_t size() const noexcept { return table_.size(); }
+
+    /// Adds every shard's call counts to `c`, and its cache to `p` (each shard's lock taken briefly).
+    void add_to(pool_statistics& p, counters& c) const {
+        table_.for_each([&](shard& sh) {
+            std::lock_guard lock(sh.mutex);
+            c += sh.counts;
+            p.per_stream.push_back({sh.key, sh.cached});
+            p.stream_cached_bytes += sh.cached;
+            p.largest_free_block = std::max(p.largest_free_block, sh.largest());
+        });
+    }
+
+private:
+    /// Records the shard's event on its stream (its lock held), so that it covers every block the
+    /// shard holds. If the record fails, the stream is synchronized instead (the blocks are then
+    /// idle), and the failure reported.
+    [[gnu::noinline]] void cover(shard& sh, stream_type stream) noexcept {
+        try {
+            sh.event.record(stream);
+        } catch (...) {
+            try {
+                platform_type::synchronize(stream);
+                report_failure("stream_ordered_pool: recording a stream's event failed; synchronized the stream instead");
+            } catch (...) {
+                report_failure("stream_ordered_pool: recording a stream's event and synchronizing the stream failed");
+            }
+        }
+        sh.on_recorded(record_interval_);
+    }
+
+    /// Puts a block into its class list, or among the recent large blocks (its lock held). False
+    /// when there is no host memory to hold it.
+    [[gnu::always_inline]] bool store_in(shard& sh, stream_type stream, std::uintptr_t address, request r) noexcept {
+        if (!r.small()) return store_large(sh, stream, address, r.size);
+        try {
+            sh.classes.push(r.size_class, address);
+            return true;
+        } catch (const std::bad_alloc&) {
+            return false;
+        }
+    }
+    /// store_in for a large block: among the recent ones (out of line: a tree insert may follow).
+    [[gnu::noinline]] bool store_large(shard& sh, stream_type stream, std::uintptr_t address, std::size_t size) noexcept {
+        try {
+            if (sh.recent.full() && sh.recent.covered() == 0) cover(sh, stream); // the spans hold covered blocks only
+            sh.keep_recent({address, size, 0}, store_.chunks()); // its chunk is looked up when it leaves recent
+            return true;
+        } catch (const std::bad_alloc&) {
+            return false;
+        }
+    }
+
+    /// A covered block of `other` (its lock held) for `r`, taken behind `other`'s event; 0 when
+    /// none fits. The wait comes first: a failed wait takes nothing.
+    std::uintptr_t take_covered(stream_type stream, shard& other, request r) {
+        if (r.small() && other.classes.newest_covered(r.size_class, r.alignment) != 0) {
+            wait_for(stream, other.event);
+            other.cached -= r.size;
+            return other.classes.take_newest_covered(r.size_class, r.alignment);
+        }
+        if (!r.small() && other.recent.covered() != 0) other.merge_recent(other.recent.covered(), store_.chunks());
+        if (!other.spans[r.kind].fits(r.size, r.alignment)) return 0;
+        wait_for(stream, other.event);
+        return other.take_span(r.kind, r.size, r.alignment);
+    }
+
+    /// Makes `stream` wait for `e`: a stream wait, or a host wait for the default stream, whose
+    /// memory (the synchronous pair's) is usable at once by the host and by every stream.
+    static void wait_for(stream_type stream, const typename platform_type::event& e) {
+        if (stream == stream_type{}) {
+            e.synchronize();
+        } else {
+            platform_type::wait(stream, e);
+        }
+    }
+
+    /// The bytes given back since a stream's last record that make it record again:
+    /// min(record_bytes, reserve / record_share), so that a stream that gives back another's
+    /// blocks (a consumer) covers them before that stream (the producer) must grow the pool.
+    [[nodiscard]] std::size_t record_threshold() const noexcept {
+        return record_share_ == 0 ? record_bytes_ : std::min(record_bytes_, store_.reserved() / record_share_);
+    }
+
+    /// Waits for all work on the pool's device (every device, for a pool of no device). Blocks
+    /// taken from a shard before this call are idle after it.
+    void synchronize_devices() const {
+        if (device_ >= 0) {
+            platform_type::synchronize_device(device_);
+        } else {
+            for (int d = 0; d < platform_type::device_count(); ++d) platform_type::synchronize_device(d);
+        }
+    }
+
+    std::size_t record_interval_; ///< >= 1
+    std::size_t record_bytes_;
+    std::size_t record_share_; ///< 0: record_bytes alone
+    int device_;
+    event_pool<platform_type> events_;
+    stream_table<shard> table_;
+    shared_store<Upstream>& store_;
+    activity_counters& activity_;
+};
+
+} // namespace custody::pool::detail

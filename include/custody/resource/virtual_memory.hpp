@@ -1,0 +1,258 @@
+/// @file
+/// `virtual_memory`: a leaf resource that hands out blocks of one reserved address range, mapping
+/// physical memory in granules when a block is allocated and unmapping it when the block comes back.
+#pragma once
+
+#include <custody/core/align.hpp>
+#include <custody/core/concepts.hpp>
+#include <custody/core/error.hpp>
+#include <custody/core/properties.hpp>
+#include <custody/core/failure_callback.hpp>
+#include <custody/core/statistics.hpp>
+#include <custody/platform/platform.hpp>
+#include <custody/platform/virtual_memory.hpp>
+#include <custody/resource/virtual_reservation.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace custody::resource {
+
+/// What a virtual_memory resource holds, beyond resource_statistics.
+struct virtual_memory_statistics {
+    std::size_t reserved_bytes = 0; ///< address space held (the reservation)
+    std::size_t mapped_bytes = 0;   ///< physical memory mapped: live blocks rounded up to granules
+    std::size_t granule = 0;        ///< unit of mapping
+    std::size_t free_bytes = 0;     ///< address space not in use: reserved - live spans - withheld
+    std::size_t largest_free = 0;   ///< the largest block that could be allocated now
+    std::size_t withheld_bytes = 0; ///< address space of blocks whose unmap failed (never reused)
+};
+
+/// Device memory mapped on demand into one address range reserved up front (`Vmm`: `cuda::vmm` for
+/// a GPU, `host::vmm` for the host platform). Each block takes whole granules of the range, first
+/// fit by address; its physical memory is created and mapped when it is allocated and unmapped and
+/// released when it is given back, so what is not live is returned to the device at once. A block
+/// never moves and the range never grows: the reservation is the resource's capacity.
+///
+/// Use it where memory must go back to the device when it is freed, where blocks must be
+/// exportable to another process (NCCL, CUDA IPC), or as the upstream of a strategy that caches;
+/// every allocate and deallocate is several driver calls, so do not put it on a hot path alone.
+///
+/// Device binding: the memory belongs to the resource's device; access is granted to it and to the
+/// peers in the options (and grant_access). Stream semantics: mapping is synchronous, so memory is
+/// usable by work on any stream at once; deallocate on a stream first waits for that stream (work
+/// enqueued on it may still use the memory), then unmaps, as cudaFree does.
+/// Thread safety: thread-safe (one mutex; driver calls are made under it).
+/// Ownership: owns the reservation and all memory mapped into it; destruction gives everything back
+/// (blocks still live are unmapped with it).
+/// Complexity: O(log f) in the f free ranges plus the reservation's map or unmap of the block's
+/// granules. Alignment: up to the granule. Equality: identity.
+///
+/// statistics().reserved_bytes is the physical memory mapped for live blocks (what the resource
+/// holds of the device's memory), as for every resource; the address range is
+/// vmm_statistics().reserved_bytes.
+template <virtual_memory_operations Vmm>
+class virtual_memory final {
+public:
+    using platform_type = typename Vmm::platform_type;
+    using stream_type = typename platform_type::stream_view;
+    static constexpr const char* name = "virtual_memory";
+
+    /// Reserves `capacity` bytes of `device`'s address space (see virtual_reservation for what
+    /// throws).
+    virtual_memory(int device, std::size_t capacity, reservation_options options = {})
+        : range_(device, capacity, std::move(options)) {
+        free_.emplace(0, range_.reserved_bytes());
+    }
+    virtual_memory(const virtual_memory&) = delete;
+    virtual_memory& operator=(const virtual_memory&) = delete;
+    ~virtual_memory() = default;
+
+    [[nodiscard]] void* allocate(stream_type, std::size_t bytes, std::size_t alignment) {
+        return allocate_sync(bytes, alignment);
+    }
+    [[nodiscard]] void* try_allocate(stream_type, std::size_t bytes, std::size_t alignment) noexcept {
+        if (bytes == 0 || alignment > range_.granule()) return nullptr;
+        try {
+            return take(bytes);
+        } catch (...) {
+            return nullptr;
+        }
+    }
+    void deallocate(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+        if (ptr == nullptr) return;
+        // Unmapping while the stream may still use the block would fault its work: if the wait fails
+        // (reported), the block is kept mapped and withheld instead.
+        if (!run_exit_tolerant<platform_type>("custody: virtual_memory waiting for the stream of a freed block",
+                                              [&] { platform_type::synchronize(stream); })) {
+            withhold(bytes);
+            return;
+        }
+        deallocate_sync(ptr, bytes, alignment);
+    }
+
+    [[nodiscard]] void* allocate_sync(std::size_t bytes, std::size_t alignment) {
+        check_alignment(alignment, range_.granule());
+        if (bytes == 0) return nullptr;
+        void* ptr = take(bytes);
+        if (ptr == nullptr) {
+            throw out_of_memory(bytes, alignment, device(), statistics(), name, describe_free());
+        }
+        return ptr;
+    }
+    void deallocate_sync(void* ptr, std::size_t bytes, std::size_t) noexcept {
+        if (ptr == nullptr) return;
+        const std::size_t span = align_up(bytes, range_.granule());
+        const std::size_t offset = static_cast<std::size_t>(static_cast<std::byte*>(ptr) -
+                                                            static_cast<std::byte*>(range_.base()));
+        std::lock_guard lock(mutex_);
+        bool unmapped = false;
+        try {
+            unmapped = range_.unmap(offset, span);
+        } catch (const std::exception& e) { // a block this resource did not hand out
+            report_noexcept_failure("virtual_memory::deallocate", e.what());
+            return;
+        }
+        stats_.on_deallocate(bytes, span);
+        if (unmapped) {
+            give_back(offset, span);
+        } else {
+            withheld_ += span; // still partly mapped: never handed out again
+        }
+    }
+
+    [[nodiscard]] resource_statistics statistics() const noexcept { return stats_.snapshot(); }
+
+    /// Address space and physical memory, as they are now.
+    [[nodiscard]] virtual_memory_statistics vmm_statistics() const {
+        std::lock_guard lock(mutex_);
+        virtual_memory_statistics s;
+        s.reserved_bytes = range_.reserved_bytes();
+        s.mapped_bytes = range_.mapped_bytes();
+        s.granule = range_.granule();
+        s.withheld_bytes = withheld_;
+        for (const auto& [offset, length] : free_) {
+            s.free_bytes += length;
+            s.largest_free = std::max(s.largest_free, length);
+        }
+        return s;
+    }
+
+    [[nodiscard]] int device() const noexcept { return range_.device(); }
+    [[nodiscard]] std::size_t granularity() const noexcept { return range_.granule(); }
+    [[nodiscard]] std::size_t reserved_bytes() const noexcept { return range_.reserved_bytes(); }
+    [[nodiscard]] std::size_t mapped_bytes() const {
+        std::lock_guard lock(mutex_);
+        return range_.mapped_bytes();
+    }
+
+    /// Lets `peer` read and write every block, live now or allocated later.
+    void grant_access(int peer) {
+        std::lock_guard lock(mutex_);
+        range_.grant_access(peer);
+    }
+
+    /// A POSIX file descriptor for the physical memory of the granule of a live block that holds
+    /// `ptr` (the options made the resource exportable), owned by the caller. Another process maps
+    /// it granule by granule (cuMemImportFromShareableHandle).
+    [[nodiscard]] int export_fd(const void* ptr) const {
+        std::lock_guard lock(mutex_);
+        const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(ptr) -
+                                                     static_cast<const std::byte*>(range_.base()));
+        return range_.export_fd(align_down(offset, range_.granule()));
+    }
+
+    friend bool operator==(const virtual_memory& a, const virtual_memory& b) noexcept { return &a == &b; }
+    friend void get_property(const virtual_memory&, device_accessible) noexcept {}
+    friend void get_property(const virtual_memory&, host_accessible) noexcept
+        requires(platform_type::name == std::string_view("host"))
+    {}
+
+private:
+    /// A block of `bytes`, mapped, or nullptr when neither address space nor physical memory is
+    /// left; other failures throw. Either way nothing changes unless a block is returned.
+    void* take(std::size_t bytes) {
+        const std::size_t granule = range_.granule();
+        if (align_up_overflows(bytes, granule)) return nullptr;
+        const std::size_t span = align_up(bytes, granule);
+        std::lock_guard lock(mutex_);
+        auto it = free_.begin();
+        while (it != free_.end() && it->second < span) ++it;
+        if (it == free_.end()) return nullptr;
+        const std::size_t offset = it->first;
+        if (!range_.map(offset, span)) return nullptr;
+        // From here nothing throws: the free range shrinks in place (its node is re-keyed).
+        if (it->second == span) {
+            free_.erase(it);
+        } else {
+            auto node = free_.extract(it);
+            node.key() += span;
+            node.mapped() -= span;
+            free_.insert(std::move(node));
+        }
+        stats_.on_allocate(bytes, span);
+        return static_cast<std::byte*>(range_.base()) + offset;
+    }
+
+    /// Gives up a live block without unmapping it: it stops counting as live and its part of the
+    /// range is never handed out again (destruction unmaps it with the rest).
+    void withhold(std::size_t bytes) noexcept {
+        const std::size_t span = align_up(bytes, range_.granule());
+        std::lock_guard lock(mutex_);
+        stats_.on_deallocate(bytes, span);
+        withheld_ += span;
+    }
+
+    /// Returns [offset, offset+span) to the free ranges, merged with its neighbours.
+    void give_back(std::size_t offset, std::size_t span) noexcept {
+        auto next = free_.lower_bound(offset);
+        if (next != free_.begin()) {
+            auto prev = std::prev(next);
+            if (prev->first + prev->second == offset) {
+                prev->second += span;
+                if (next != free_.end() && prev->first + prev->second == next->first) {
+                    prev->second += next->second;
+                    free_.erase(next);
+                }
+                return;
+            }
+        }
+        if (next != free_.end() && offset + span == next->first) {
+            auto node = free_.extract(next);
+            node.key() = offset;
+            node.mapped() += span;
+            free_.insert(std::move(node));
+            return;
+        }
+        try {
+            free_.emplace(offset, span);
+        } catch (const std::exception& e) { // no memory for a node: the range is lost, not reused
+            withheld_ += span;
+            report_noexcept_failure("virtual_memory::deallocate", e.what());
+        }
+    }
+
+    [[nodiscard]] std::string describe_free() const {
+        const virtual_memory_statistics s = vmm_statistics();
+        return "reserved " + std::to_string(s.reserved_bytes) + " B, mapped " + std::to_string(s.mapped_bytes) +
+               " B, largest free range " + std::to_string(s.largest_free) + " B, granule " +
+               std::to_string(s.granule) + " B";
+    }
+
+    mutable std::mutex mutex_;
+    virtual_reservation<Vmm> range_;        // guarded by mutex_
+    std::map<std::size_t, std::size_t> free_; // offset -> length: disjoint, not adjacent, granule-aligned;
+                                              // sum(lengths) + sum(live spans) + withheld_ == reserved
+    std::size_t withheld_ = 0;              // guarded by mutex_
+    statistics_counter stats_;              // live_bytes = sum of live requests; reserved_bytes = their spans
+};
+
+} // namespace custody::resource

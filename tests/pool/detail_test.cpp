@@ -1,0 +1,348 @@
+// The pool's bookkeeping in detail/, apart from memory, streams and locks: size classes, the free
+// set, the class lists and their covered rule, the recent blocks, the chunk map, the growth rule,
+// the peak counter, the stream table and the event pool.
+#include <custody/platform/host.hpp>
+#include <custody/pool/detail/chunk_map.hpp>
+#include <custody/pool/detail/class_lists.hpp>
+#include <custody/pool/detail/event_pool.hpp>
+#include <custody/pool/detail/free_set.hpp>
+#include <custody/pool/detail/growth.hpp>
+#include <custody/pool/detail/peak_counter.hpp>
+#include <custody/pool/detail/recent_blocks.hpp>
+#include <custody/pool/detail/request.hpp>
+#include <custody/pool/detail/size_classes.hpp>
+#include <custody/pool/detail/stream_table.hpp>
+
+#include "../support/catch.hpp"
+#include "support.hpp"
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+using namespace custody_pool_test;
+namespace detail = custody::pool::detail;
+
+// ---- rounding ------------------------------------------------------------------------------------
+
+TEST_CASE("size classes cover every small size with at most 1/16 waste", "[pool][classes]") {
+    std::size_t previous_class = 0;
+    for (std::size_t n = 1; n <= detail::small_threshold; ++n) {
+        const std::size_t c = detail::class_of(n);
+        const std::size_t size = detail::class_size(c);
+        REQUIRE(c < detail::class_count);
+        REQUIRE(size >= n);
+        REQUIRE(size % detail::granule == 0);
+        REQUIRE(c >= previous_class); // monotone
+        if (c > 0) REQUIRE(detail::class_size(c - 1) < n); // the smallest class that fits
+        if (n > 4096) REQUIRE((size - n) * 16 <= n);
+        previous_class = c;
+    }
+    for (std::size_t c = 0; c < detail::class_count; ++c) CHECK(detail::class_of(detail::class_size(c)) == c);
+    CHECK(detail::block_size(detail::small_threshold + 1) == detail::small_threshold + detail::granule);
+    CHECK(detail::block_size(3 * MiB + 5) == 3 * MiB + 256);
+}
+
+// ---- the free set --------------------------------------------------------------------------------
+
+TEST_CASE("free_set finds the best fit, splits, honours alignment and coalesces within a chunk", "[pool][free_set]") {
+    detail::free_set set;
+    const std::uintptr_t a = 0x100000, b = 0x200000; // two chunks of 64 KiB, not adjacent
+    set.insert({a, 64 * KiB, a});
+    set.insert({b, 16 * KiB, b});
+    CHECK(set.bytes() == 80 * KiB);
+    CHECK(set.largest() == 64 * KiB);
+    // Best fit: 8 KiB comes from the 16 KiB block.
+    auto x = set.take(8 * KiB, 256);
+    CHECK(x.address == b);
+    CHECK(x.chunk == b);
+    CHECK(set.bytes() == 72 * KiB);
+    // Alignment: a 4 KiB block at a 64 KiB boundary leaves a front and a back piece.
+    auto y = set.take(4 * KiB, 64 * KiB);
+    REQUIRE(y.size == 4 * KiB);
+    CHECK(y.address % (64 * KiB) == 0);
+    // Giving everything back coalesces each chunk into one block again, never across chunks.
+    set.insert(x);
+    set.insert(y);
+    CHECK(set.count() == 2);
+    CHECK(set.bytes() == 80 * KiB);
+    CHECK(set.largest() == 64 * KiB);
+    // Adjacent chunks do not merge.
+    detail::free_set adjacent;
+    adjacent.insert({a, 4 * KiB, a});
+    adjacent.insert({a + 4 * KiB, 4 * KiB, a + 4 * KiB});
+    CHECK(adjacent.count() == 2);
+    // Nothing fits: a zero block and no change.
+    CHECK(set.take(65 * KiB, 256).size == 0);
+    CHECK(set.bytes() == 80 * KiB);
+    std::map<std::uintptr_t, std::size_t> chunks{{a, 64 * KiB}, {b, 32 * KiB}};
+    std::size_t released = 0;
+    set.take_whole_chunks(
+        [&](std::uintptr_t address, std::size_t size) {
+            auto c = chunks.find(address);
+            return c != chunks.end() && c->second == size;
+        },
+        [&](const detail::free_block& f) { released += f.size; });
+    CHECK(released == 64 * KiB); // b's block is not its whole chunk
+    CHECK(set.bytes() == 16 * KiB);
+}
+
+// ---- events --------------------------------------------------------------------------------------
+
+TEST_CASE("the event pool creates events up front and in batches, on its device", "[pool][events]") {
+    detail::event_pool<platform> events(3, 2, 4);
+    CHECK(events.available() == 2);
+    auto a = events.acquire();
+    auto b = events.acquire();
+    CHECK(events.available() == 0);
+    auto c = events.acquire(); // the stock ran out: a batch of 4 is made, one handed out
+    CHECK(events.available() == 3);
+    CHECK(a.device() == 3);
+    CHECK(c.device() == 3);
+    events.release(std::move(a));
+    CHECK(events.available() == 4);
+}
+
+// ---- a request classified once -------------------------------------------------------------------
+
+TEST_CASE("a request is classified once: size class and block size when small, granule rounding when large",
+          "[pool][request]") {
+    const detail::request small = detail::classify(1000, 512);
+    CHECK(small.small());
+    CHECK(small.kind == detail::block_kind::small);
+    CHECK(small.size == detail::class_size(small.size_class));
+    CHECK(small.size == 1024);
+    CHECK(small.alignment == 512);
+    const detail::request edge = detail::classify(detail::small_threshold, 256);
+    CHECK(edge.small());
+    CHECK(edge.size == detail::small_threshold);
+    const detail::request large = detail::classify(detail::small_threshold + 1, 256);
+    CHECK(!large.small());
+    CHECK(large.size == detail::small_threshold + detail::granule);
+    CHECK(large.size_class == 0);
+    CHECK(detail::other(detail::block_kind::small) == detail::block_kind::large);
+    CHECK(detail::other(detail::block_kind::large) == detail::block_kind::small);
+}
+
+// ---- class lists: the covered rule ---------------------------------------------------------------
+
+TEST_CASE("class lists: blocks given back before a record are covered, those after are not", "[pool][classes]") {
+    detail::class_lists lists;
+    lists.push(3, 0x1000);
+    lists.push(3, 0x2000);
+    CHECK(lists.covered(3) == 0); // no record yet
+    lists.on_record();
+    CHECK(lists.covered(3) == 2);
+    lists.push(3, 0x3000); // after the record
+    CHECK(lists.covered(3) == 2);
+    CHECK(lists.count(false) == 3);
+    CHECK(lists.count(true) == 2);
+    // The newest covered block is the second, not the uncovered third.
+    CHECK(lists.newest_covered(3, 256) == 0x2000);
+    CHECK(lists.take_newest_covered(3, 256) == 0x2000);
+    CHECK(lists.covered(3) == 1);
+    // Popping (the stream's own reuse) takes the newest, covered or not.
+    CHECK(lists.pop(3, 256) == 0x3000);
+    CHECK(lists.pop(3, 256) == 0x1000);
+    CHECK(lists.covered(3) == 0);
+    CHECK(lists.pop(3, 256) == 0);
+}
+
+TEST_CASE("class lists: alignment is honoured and taking the covered blocks leaves the others uncovered",
+          "[pool][classes]") {
+    detail::class_lists lists;
+    lists.push(0, 0x10100); // 256-aligned only
+    CHECK(lists.pop(0, 4096) == 0);
+    CHECK(lists.pop(0, 256) == 0x10100);
+    lists.push(7, 0xA000);
+    lists.push(9, 0xB000);
+    lists.on_record();
+    lists.push(7, 0xC000);
+    std::vector<std::uintptr_t> taken;
+    lists.take(true, [&](std::uintptr_t a, std::size_t size) {
+        taken.push_back(a);
+        CHECK(size == detail::class_size(a == 0xB000 ? 9 : 7));
+    });
+    CHECK(taken == std::vector<std::uintptr_t>{0xA000, 0xB000});
+    CHECK(lists.count(false) == 1);
+    CHECK(lists.count(true) == 0); // 0xC000 came after the record
+    lists.on_record();
+    CHECK(lists.count(true) == 1);
+    CHECK(lists.largest() == detail::class_size(7));
+}
+
+TEST_CASE("class lists: the epoch wraps without making old blocks look uncovered", "[pool][classes]") {
+    detail::class_lists lists(std::numeric_limits<std::uint32_t>::max() - 1);
+    lists.push(1, 0x1000);
+    lists.on_record(); // the last epoch before the wrap
+    lists.push(2, 0x2000);
+    CHECK(lists.covered(1) == 1);
+    CHECK(lists.covered(2) == 0);
+    lists.on_record(); // wraps
+    CHECK(lists.covered(1) == 1);
+    CHECK(lists.covered(2) == 1);
+    lists.push(2, 0x3000);
+    CHECK(lists.covered(2) == 1);
+}
+
+// ---- recent large blocks -------------------------------------------------------------------------
+
+TEST_CASE("recent blocks: exact-size reuse newest first, the covered prefix kept through removals",
+          "[pool][recent]") {
+    detail::recent_blocks recent;
+    const std::size_t a = 2 * MiB, b = 3 * MiB;
+    recent.push({0x100000, a, 0});
+    recent.push({0x400000, b, 0});
+    recent.cover(); // both covered
+    recent.push({0x800000, a, 0});
+    recent.push({0xC00000, b, 0});
+    CHECK(recent.full());
+    CHECK(recent.covered() == 2);
+    CHECK(recent.bytes() == 2 * a + 2 * b);
+    CHECK(recent.largest() == b);
+    CHECK(recent.take_exact(a, 256) == 0x800000); // the newest of that size, not covered
+    CHECK(recent.covered() == 2);
+    CHECK(recent.take_exact(a, 256) == 0x100000); // the covered one
+    CHECK(recent.covered() == 1);
+    CHECK(recent.take_exact(a, 256) == 0);
+    CHECK(recent.take_exact(b, 8 * MiB) == 0); // none so aligned
+    CHECK(recent.oldest().address == 0x400000);
+    recent.pop_oldest();
+    CHECK(recent.covered() == 0);
+    CHECK(recent.size() == 1);
+    std::vector<std::uintptr_t> taken;
+    recent.take_oldest(1, [&](const detail::free_block& f) { taken.push_back(f.address); });
+    CHECK(taken == std::vector<std::uintptr_t>{0xC00000});
+    CHECK(recent.empty());
+}
+
+// ---- the chunk map -------------------------------------------------------------------------------
+
+TEST_CASE("chunk map: lookups inside chunks only, the reserve and its peak, runs inserted per chunk",
+          "[pool][chunks]") {
+    detail::chunk_map chunks;
+    const std::uintptr_t a = 0x1000000, b = a + 64 * KiB; // adjacent chunks
+    chunks.add(a, 64 * KiB, detail::block_kind::small);
+    chunks.add(b, 128 * KiB, detail::block_kind::large);
+    CHECK(chunks.reserved() == 192 * KiB);
+    CHECK(chunks.count() == 2);
+    CHECK(chunks.find(a + 100).base == a);
+    CHECK(chunks.find(b).kind == detail::block_kind::large);
+    CHECK(chunks.find(b + 128 * KiB).size == 0); // past the last chunk
+    CHECK(chunks.find(a - 1).size == 0);
+    CHECK(chunks.is_whole(b, 128 * KiB));
+    CHECK(!chunks.is_whole(b, 64 * KiB));
+    const detail::free_block located = chunks.locate({b + 4096, 4096, 0});
+    CHECK(located.chunk == b);
+    CHECK(located.kind == detail::block_kind::large);
+    // Four blocks: two adjacent in a, one at a's end, one at b's start. The last two touch but lie in
+    // two chunks: they stay apart.
+    std::vector<detail::free_block> blocks{
+        {a + 60 * KiB, 4 * KiB, 0}, {a, 4 * KiB, 0}, {a + 4 * KiB, 4 * KiB, 0}, {b, 4 * KiB, 0}};
+    detail::per_kind<detail::free_set> sets;
+    std::size_t lost = 0;
+    CHECK(chunks.insert_runs(blocks, sets, [&](std::size_t n) { lost += n; }) == 0);
+    CHECK(lost == 0);
+    CHECK(sets[detail::block_kind::small].count() == 2); // [a, a + 8 KiB) and the block at a's end
+    CHECK(sets[detail::block_kind::small].largest() == 8 * KiB);
+    CHECK(sets[detail::block_kind::large].count() == 1);
+    chunks.remove(a);
+    CHECK(chunks.reserved() == 128 * KiB);
+    CHECK(chunks.peak_reserved() == 192 * KiB);
+    CHECK(chunks.added() == 2);
+    CHECK(chunks.removed() == 1);
+    CHECK(chunks.find(a).size == 0);
+}
+
+// ---- the growth rule -----------------------------------------------------------------------------
+
+TEST_CASE("growth rule: chunk sizes grow with the reserve in whole pages, limits hold", "[pool][growth]") {
+    custody::pool::pool_options o;
+    o.growth_step = 2 * MiB;
+    o.growth_divisor = 4;
+    const detail::growth_rule rule(o);
+    CHECK(rule.preferred_chunk(64 * KiB, 0) == 2 * MiB);        // the step
+    CHECK(rule.preferred_chunk(64 * KiB, 20 * MiB) == 4 * MiB); // 5 MiB rounded down to pages
+    CHECK(rule.preferred_chunk(5 * MiB + 1, 0) == 6 * MiB);     // the request, rounded up to pages
+    CHECK(rule.allows(1 * MiB, 1000 * MiB, std::nullopt));      // no limit, no budget
+    o.maximum_size = 8 * MiB;
+    o.device_capacity = 10 * MiB;
+    o.device_headroom = 4 * MiB;
+    const detail::growth_rule limited(o);
+    CHECK(limited.allows(2 * MiB, 4 * MiB, std::nullopt));
+    CHECK(!limited.allows(3 * MiB, 4 * MiB, std::nullopt)); // the budget: 10 - 4 = 6 MiB
+    CHECK(!limited.allows(9 * MiB, 0, std::nullopt));        // the maximum
+    CHECK(limited.request_limit() == 6 * MiB);
+    // A device that reports its free memory: others' use counts, the pool's own reserve does not.
+    CHECK(limited.allows(2 * MiB, 0, custody::device_memory{6 * MiB, 16 * MiB}));
+    CHECK(!limited.allows(3 * MiB, 0, custody::device_memory{6 * MiB, 16 * MiB}));
+}
+
+// ---- the peak counter ----------------------------------------------------------------------------
+
+TEST_CASE("peak counter: a stream's credit covers its own reuse; a new peak takes the others' back",
+          "[pool][peak]") {
+    detail::peak_counter counter;
+    std::vector<detail::peak_credit> credits(2);
+    const auto commit = [&](std::size_t owed) {
+        counter.commit(owed, [&](detail::peak_counter::reclaimer& r) {
+            for (auto& c : credits) {
+                if (r.wanted()) r.take(c);
+            }
+        });
+    };
+    commit(credits[0].charge(100)); // stream 0: 100 live
+    CHECK(counter.peak() == 100);
+    credits[0].add(100); // given back: credit 100
+    CHECK(credits[0].charge(60) == 0); // covered by the credit: no commit
+    commit(credits[1].charge(30));     // stream 1: committed 130 > 100: takes stream 0's 40 back
+    CHECK(counter.peak() == 100);      // 90 live: no new peak
+    CHECK(credits[0].bytes() == 0);
+    commit(credits[1].charge(20)); // 110 live: a new peak, exact (not 150 with stream 0's credit)
+    CHECK(counter.peak() == 110);
+    credits[1].add(50);
+    counter.release(60); // stream 0's 60 given back without a credit to keep them
+    commit(credits[1].charge(50)); // covered by stream 1's credit
+    CHECK(counter.peak() == 110);
+}
+
+// ---- the stream table ----------------------------------------------------------------------------
+
+namespace {
+struct fake_shard {
+    explicit fake_shard(std::uintptr_t k) : key(k) {}
+    std::uintptr_t key;
+};
+} // namespace
+
+TEST_CASE("stream table: one shard per key, found without creating, none past the capacity", "[pool][streams]") {
+    detail::stream_table<fake_shard> table(2);
+    int made = 0;
+    const auto make = [&](std::uintptr_t key) {
+        return [&made, key] {
+            ++made;
+            return std::make_unique<fake_shard>(key);
+        };
+    };
+    CHECK(table.find(0x10) == nullptr);
+    fake_shard* a = table.find_or_create(0x10, make(0x10));
+    REQUIRE(a != nullptr);
+    CHECK(table.find(0x10) == a);
+    CHECK(table.find_or_create(0x10, make(0x10)) == a);
+    CHECK(table.find_or_create(0x20, make(0x20)) != nullptr);
+    CHECK(table.find_or_create(0x30, make(0x30)) == nullptr); // full
+    CHECK(made == 2);
+    CHECK(table.size() == 2);
+    std::vector<std::uintptr_t> keys;
+    table.for_each([&](fake_shard& s) { keys.push_back(s.key); });
+    CHECK(keys == std::vector<std::uintptr_t>{0x10, 0x20});
+    // What making a shard throws leaves the table as it was.
+    detail::stream_table<fake_shard> other(2);
+    CHECK_THROWS_AS(other.find_or_create(0x40, []() -> std::unique_ptr<fake_shard> { throw std::bad_alloc(); }),
+                    std::bad_alloc);
+    CHECK(other.size() == 0);
+    CHECK(other.find(0x40) == nullptr);
+}

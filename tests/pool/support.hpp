@@ -1,0 +1,56 @@
+// Shared by the pool's test files: the names they use, the accounting identity, and a pool sized so
+// that each free is visible to other streams at once.
+#pragma once
+
+#include <custody/platform/host.hpp>
+#include <custody/pool/pool_options.hpp>
+#include <custody/pool/stream_ordered_pool.hpp>
+#include <custody/resource/host_memory.hpp>
+#include <custody/resource/simulated_device_memory.hpp>
+
+#include "../support/catch.hpp"
+#include "../support/failure_log.hpp"
+
+#include <cstddef>
+
+namespace custody_pool_test {
+
+using custody::host::platform;
+using custody::host::simulated_device_memory;
+using custody::pool::pool_options;
+using custody::pool::reuse_policy;
+using custody::pool::stream_ordered_pool;
+using custody::resource::host_memory;
+namespace detail = custody::pool::detail;
+using custody::test::failure_log;
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * 1024;
+
+/// The accounting identity of pool_statistics, which must hold whenever no call is in flight.
+template <class Pool>
+void check_accounting(const Pool& pool) {
+    const auto p = pool.detailed_statistics();
+    INFO("reserved " << p.totals.reserved_bytes << " live blocks " << p.live_block_bytes << " cached "
+                     << p.stream_cached_bytes << " shared " << p.shared_free_bytes << " quarantined "
+                     << p.quarantined_bytes);
+    CHECK(p.totals.reserved_bytes ==
+          p.live_block_bytes + p.stream_cached_bytes + p.shared_free_bytes + p.quarantined_bytes);
+    CHECK(p.live_block_bytes >= p.totals.live_bytes);
+    CHECK(p.totals.live_allocations == p.totals.allocations - p.totals.deallocations);
+    CHECK(p.totals.peak_reserved_bytes >= p.totals.reserved_bytes);
+    CHECK(p.totals.peak_live_bytes >= p.totals.live_bytes);
+}
+
+/// A pool of `chunks` chunks of `n` bytes whose streams record their event at every free, so that
+/// each free is at once visible to other streams as the policy allows.
+inline custody::pool::pool_options tight(custody::pool::reuse_policy policy, std::size_t n, std::size_t chunks) {
+    custody::pool::pool_options o;
+    o.reuse = policy;
+    o.record_interval = 1;
+    o.growth_step = n;
+    o.maximum_size = n * chunks;
+    return o;
+}
+
+} // namespace custody_pool_test

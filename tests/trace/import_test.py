@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""custody-import on PyTorch snapshots and RMM logs the test writes itself: what the trace holds,
+blocks freed before the trace began, several devices and streams, and malformed, truncated or
+hostile input (exit 2, a message naming the event or line, no output left behind).
+
+usage: import_test.py CUSTODY_IMPORT CUSTODY_TRACE CUSTODY_REPLAY"""
+
+import csv
+import glob
+import io
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import unittest
+
+IMPORT = TRACE_TOOL = REPLAY = None
+MiB = 1 << 20
+
+
+def run(*args):
+    """Runs a command; an argument that is a list (the importer under this Python) is spliced in."""
+    command = []
+    for a in args:
+        command.extend(a if isinstance(a, list) else [str(a)])
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def event(action, addr, size, stream=0, time_us=None, **extra):
+    e = {"action": action, "addr": addr, "size": size, "stream": stream, "frames": []}
+    if time_us is not None:
+        e["time_us"] = time_us
+    e.update(extra)
+    return e
+
+
+def segment(address, total, blocks, device=0, stream=0):
+    return {"device": device, "address": address, "total_size": total, "allocated_size": 0, "active_size": 0,
+            "requested_size": 0, "stream": stream, "segment_type": "large", "segment_pool_id": (0, 0),
+            "is_expandable": False, "frames": [], "blocks": blocks}
+
+
+def block(address, size, state="active_allocated", requested=None):
+    return {"address": address, "size": size, "requested_size": requested if requested is not None else size,
+            "state": state, "frames": []}
+
+
+class Case(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+        self.out = self.path("out.ctrace")
+
+    def path(self, name):
+        return os.path.join(self.dir.name, name)
+
+    def write(self, name, data, mode="wb"):
+        p = self.path(name)
+        with open(p, mode) as f:
+            f.write(data)
+        return p
+
+    def snapshot(self, data, name="snap.pickle"):
+        return self.write(name, pickle.dumps(data))
+
+    def imported(self, *args):
+        p = run(IMPORT, *args, "-o", self.out)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return p
+
+    def refused(self, args, *fragments):
+        out = self.path("refused.ctrace")
+        p = run(IMPORT, *args, "-o", out)
+        self.assertEqual(p.returncode, 2, "expected exit 2: " + p.stderr)
+        for fragment in fragments:
+            self.assertIn(fragment, p.stderr)
+        self.assertEqual(glob.glob(out + "*"), [], "an output file was left behind")
+        return p
+
+    def events(self):
+        """The imported trace's events (through custody-trace csv), and its metadata."""
+        p = run(TRACE_TOOL, "csv", self.out)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        meta, rows = {}, []
+        lines = p.stdout.splitlines()
+        for line in lines:
+            if line.startswith("# metadata,"):
+                _, k, v = next(csv.reader([line[2:]]))
+                meta[k] = v
+        start = lines.index("sequence,time_ns,action,thread,stream,device,bytes,alignment,address,owner,flags")
+        for r in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+            r["bytes"], r["time_ns"], r["device"] = int(r["bytes"]), int(r["time_ns"]), int(r["device"])
+            r["address"], r["stream"], r["thread"] = int(r["address"], 16), int(r["stream"], 16), int(r["thread"])
+            rows.append(r)
+        return rows, meta
+
+    def replay(self, *allocators):
+        p = run(REPLAY, "--repetitions", "1", self.out, *allocators)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return p.stdout
+
+
+class PyTorchSnapshots(Case):
+    def basic(self):
+        """Two blocks, one freed; PyTorch takes a 20 MiB segment during the trace."""
+        trace = [event("segment_alloc", 0x7000000, 20 * MiB, time_us=1000),
+                 event("alloc", 0x7000000, 2 * MiB, time_us=1001),
+                 event("alloc", 0x7200000, 4 * MiB, time_us=1003),
+                 event("free_requested", 0x7000000, 2 * MiB, time_us=1004),
+                 event("free_completed", 0x7000000, 2 * MiB, time_us=1005)]
+        segments = [segment(0x1000000, 8 * MiB, [block(0x1000000, 8 * MiB, "inactive")]),
+                    segment(0x7000000, 20 * MiB, [block(0x7000000, 4 * MiB, "inactive"),
+                                                  block(0x7200000, 4 * MiB),
+                                                  block(0x7600000, 12 * MiB, "inactive")])]
+        return {"device_traces": [trace], "segments": segments}
+
+    def test_events_times_and_pytorch_reserved(self):
+        p = self.imported("pytorch", self.snapshot(self.basic()))
+        rows, meta = self.events()
+        self.assertEqual(meta["source"], "pytorch-snapshot")
+        self.assertEqual(meta["reference"], "pytorch")
+        self.assertEqual(meta["started_unix_ns"], str(1000 * 1000))
+        kinds = [(r["action"], r["bytes"], r["flags"]) for r in rows]
+        # PyTorch held 8 MiB when the trace began (28 MiB at the end, 20 of them taken during it).
+        self.assertEqual(kinds, [("reference_reserve", 8 * MiB, "pre_trace"), ("reference_reserve", 20 * MiB, ""),
+                                 ("allocate", 2 * MiB, ""), ("allocate", 4 * MiB, ""), ("deallocate", 2 * MiB, "")])
+        self.assertEqual([r["time_ns"] for r in rows], [0, 0, 1000, 3000, 5000])
+        self.assertEqual(rows[3]["address"], 0x7200000)
+        self.assertIn("5 events", p.stderr)
+        out = self.replay("pool", "address_space")
+        self.assertIn("pytorch (recorded)", out)
+        self.assertIn("28.00 MiB", out)        # PyTorch's peak reserved
+        self.assertIn("peak live 6.00 MiB", out)
+
+    def test_blocks_freed_before_the_trace_are_allocated_at_its_start(self):
+        data = self.basic()
+        data["device_traces"][0].append(event("free_completed", 0x1000000, 3 * MiB, time_us=1006))
+        data["segments"][0]["blocks"] = [block(0x1000000, 8 * MiB, "inactive")]
+        p = self.imported("pytorch", self.snapshot(data))
+        self.assertIn("1 blocks freed in the trace were allocated before it began (the first: event 6)", p.stderr)
+        rows, _ = self.events()
+        pre = [r for r in rows if r["flags"] == "pre_trace" and r["action"] == "allocate"]
+        self.assertEqual([(r["address"], r["bytes"]) for r in pre], [(0x1000000, 3 * MiB)])
+        self.assertLess(rows.index(pre[0]), 2)
+        self.assertEqual(rows[-1]["action"], "deallocate")
+        self.assertIn("1 of them live before the trace began", self.replay("pool"))
+        self.refused(["pytorch", "--strict", self.snapshot(data, "strict.pickle")], "event 6", "--strict")
+
+    def test_blocks_active_in_the_segments_but_never_seen_are_live_throughout(self):
+        data = self.basic()
+        data["segments"][0]["blocks"] = [block(0x1000000, 8 * MiB, requested=5 * MiB)]
+        p = self.imported("pytorch", self.snapshot(data))
+        self.assertIn("1 blocks active in the snapshot were allocated before the trace began", p.stderr)
+        rows, _ = self.events()
+        self.assertIn(("allocate", 5 * MiB, "pre_trace"), [(r["action"], r["bytes"], r["flags"]) for r in rows])
+        self.assertIn("peak live 11.00 MiB", self.replay("pool"))
+
+    def test_several_devices_and_streams(self):
+        d0 = [event("alloc", 0x1000, MiB, stream=0, time_us=10), event("alloc", 0x2000000, MiB, stream=77, time_us=30),
+              event("free_completed", 0x1000, MiB, stream=77, time_us=50)]
+        d1 = [event("alloc", 0x1000, 2 * MiB, stream=5, time_us=20), event("free_completed", 0x1000, 2 * MiB,
+                                                                         stream=5, time_us=40)]
+        self.imported("pytorch", self.snapshot({"device_traces": [d0, d1], "segments": []}))
+        rows, meta = self.events()
+        body = [r for r in rows if r["action"] != "reference_reserve"]
+        # Merged by time across devices; streams and devices kept.
+        self.assertEqual([(r["device"], r["stream"], r["time_ns"]) for r in body],
+                         [(0, 0, 0), (1, 5, 10000), (0, 77, 20000), (1, 5, 30000), (0, 77, 40000)])
+        self.assertEqual(meta["devices"], "2")
+        out = self.replay("pool")
+        self.assertIn("device 0: 3 ops", out)
+        self.assertIn("2 streams", out)
+        self.assertIn("device 1: 2 ops", out)
+
+    def test_events_without_times_keep_their_order(self):
+        d0 = [event("alloc", 0x1000, MiB), event("free_completed", 0x1000, MiB)]
+        d1 = [event("alloc", 0x1000, MiB)]
+        self.imported("pytorch", self.snapshot({"device_traces": [d0, d1], "segments": []}))
+        rows, _ = self.events()
+        body = [(r["device"], r["action"]) for r in rows if r["action"] != "reference_reserve"]
+        self.assertEqual(body, [(0, "allocate"), (0, "deallocate"), (1, "allocate")])
+        self.assertTrue(all(r["time_ns"] == 0 for r in rows))
+
+    def test_oom_and_expandable_segments(self):
+        trace = [event("segment_map", 0x1000000, 4 * MiB), event("alloc", 0x1000000, MiB),
+                 event("oom", 0, 80 << 30, device_free=0), event("segment_unmap", 0x1300000, MiB)]
+        data = {"device_traces": [trace], "segments": [segment(0x1000000, 3 * MiB, [block(0x1000000, MiB)])],
+                "allocator_settings": {"expandable_segments": True}}
+        self.imported("pytorch", self.snapshot(data))
+        rows, meta = self.events()
+        self.assertEqual(meta["pytorch.expandable_segments"], "true")
+        self.assertEqual([(r["action"], r["bytes"]) for r in rows],
+                         [("reference_reserve", 0), ("reference_reserve", 4 * MiB), ("allocate", MiB),
+                          ("allocation_failure", 80 << 30), ("reference_release", MiB)])
+
+    def test_unknown_actions_are_skipped_with_a_note(self):
+        data = self.basic()
+        data["device_traces"][0].insert(1, event("workspace_snapshot", 0, 0))
+        p = self.imported("pytorch", self.snapshot(data))
+        self.assertIn("unknown action 'workspace_snapshot' were skipped (the first: device 0, event 2", p.stderr)
+        self.refused(["pytorch", "--strict", self.snapshot(data, "s.pickle")], "workspace_snapshot")
+
+    def test_truncated_and_not_a_pickle(self):
+        whole = pickle.dumps(self.basic())
+        self.refused(["pytorch", self.write("cut.pickle", whole[: len(whole) // 2])], "cut.pickle", "truncated")
+        self.refused(["pytorch", self.write("text.pickle", b"not a pickle at all")], "text.pickle", "not a readable pickle")
+        self.refused(["pytorch", self.path("missing.pickle")], "missing.pickle", "cannot read")
+
+    def test_a_pickle_that_would_run_code_is_refused_before_it_runs(self):
+        marker = self.path("ran")
+
+        class Hostile:
+            def __reduce__(self):
+                return (os.system, ("touch " + marker,))
+
+        data = self.basic()
+        data["segments"][0]["frames"] = [Hostile()]
+        self.refused(["pytorch", self.snapshot(data, "hostile.pickle")], "hostile.pickle", "posix.system",
+                     "only plain dicts")
+        self.assertFalse(os.path.exists(marker), "the pickle's code ran")
+
+    def test_values_other_than_plain_ones_are_refused(self):
+        data = self.basic()
+        data["device_traces"][0][1]["frames"] = {1, 2}
+        self.refused(["pytorch", self.snapshot(data)], "['device_traces'][0][1]['frames'] is a set")
+        data["device_traces"][0][1]["frames"] = b"bytes"
+        self.refused(["pytorch", self.snapshot(data, "b.pickle")], "is a bytes")
+
+    def test_malformed_snapshots_name_the_event(self):
+        def refused_with(change, *fragments):
+            data = self.basic()
+            change(data)
+            self.refused(["pytorch", self.snapshot(data, "bad.pickle")], *fragments)
+
+        refused_with(lambda d: d["device_traces"][0][1].pop("size"), "device 0, event 2", "has no 'size'")
+        refused_with(lambda d: d["device_traces"][0][1].update(size="big"), "event 2", "'size' is a str, not a int")
+        refused_with(lambda d: d["device_traces"][0][1].update(addr=-5), "event 2", "outside 0 .. 2^64-1")
+        refused_with(lambda d: d["device_traces"][0].append(event("alloc", 0x7200000, MiB)),
+                     "event 6", "alloc of 0x7200000, which is live since event 3")
+        refused_with(lambda d: d["device_traces"][0].append(event("free_completed", 0x7000000, 2 * MiB)),
+                     "event 6", "freed already")
+        refused_with(lambda d: d["device_traces"][0].append(event("free_completed", 0x7200000, MiB)),
+                     "event 6", "with 1048576 bytes; event 3 allocated it with 4194304 bytes")
+        refused_with(lambda d: d["device_traces"][0].append(event("alloc", 0x9000000, 0)), "event 6", "0 bytes")
+        refused_with(lambda d: d["segments"].pop(), "the segments hold 8388608 bytes", "do not fit together")
+        refused_with(lambda d: d.pop("device_traces"), "has no 'device_traces'")
+        refused_with(lambda d: d["segments"][1]["blocks"][1].pop("state"), "segments[1]['blocks'][1] has no 'state'")
+        self.refused(["pytorch", self.snapshot([1, 2, 3], "list.pickle")], "is a list, not a dict")
+
+
+class RmmLogs(Case):
+    HEADER = "Thread,Time,Action,Pointer,Size,Stream\n"
+
+    def log(self, body, name="rmm.csv"):
+        return self.write(name, self.HEADER + body, "w")
+
+    def test_events_threads_streams_and_times(self):
+        log = self.log("140001,10:00:00.000100,allocate,0x7f0000000000,1024,0x0\n"
+                       "140002,10:00:00.000350,allocate,0x7f0000100000,4096,0x55d0\n"
+                       "140001,10:00:00.001100,free,0x7f0000000000,1024,0x55d0\n"
+                       "140002,10:00:00.002000,allocate failure,0x0,8589934592,0x0\n")
+        self.imported("rmm", log)
+        rows, meta = self.events()
+        self.assertEqual(meta["source"], "rmm-log")
+        self.assertEqual([(r["action"], r["thread"], r["stream"], r["bytes"], r["time_ns"]) for r in rows],
+                         [("allocate", 1, 0, 1024, 0), ("allocate", 2, 0x55D0, 4096, 250000),
+                          ("deallocate", 1, 0x55D0, 1024, 1000000), ("allocation_failure", 2, 0, 8 << 30, 1900000)])
+        info = run(TRACE_TOOL, "info", self.out).stdout
+        self.assertIn("threads: 2", info)
+        self.assertIn("2 streams", self.replay("pool"))
+
+    def test_seconds_times_midnight_and_device(self):
+        log = self.log("1,23:59:59.999000,allocate,0x1000,64,0x0\n1,00:00:00.001000,free,0x1000,64,0x0\n")
+        self.imported("rmm", log, "--device", "3")
+        rows, _ = self.events()
+        self.assertEqual([(r["device"], r["time_ns"]) for r in rows], [(3, 0), (3, 2000000)])
+        log = self.log("1,1634567890.5,allocate,0x1000,64,0x0\n1,1634567890.75,free,0x1000,64,0x0\n", "s.csv")
+        self.imported("rmm", log)
+        self.assertEqual([r["time_ns"] for r in self.events()[0]], [0, 250000000])
+
+    def test_frees_of_blocks_from_before_the_log(self):
+        log = self.log("1,10:00:00.0,allocate,0x1000,64,0x0\n1,10:00:00.1,free,0x9000,256,0x0\n"
+                       "1,10:00:00.2,free,0x1000,64,0x0\n")
+        p = self.imported("rmm", log)
+        self.assertIn("1 blocks freed in the log were allocated before it began (the first: line 3)", p.stderr)
+        rows, _ = self.events()
+        self.assertEqual((rows[0]["action"], rows[0]["address"], rows[0]["bytes"], rows[0]["flags"]),
+                         ("allocate", 0x9000, 256, "pre_trace"))
+        self.replay("pool")
+        self.refused(["rmm", "--strict", log], "line 3")
+
+    def test_a_last_line_cut_short_is_dropped_with_a_note(self):
+        log = self.write("cut.csv", self.HEADER + "1,10:00:00.0,allocate,0x1000,64,0x0\n1,10:00:00.1,free,0x10", "w")
+        p = self.imported("rmm", log)
+        self.assertIn("line 3 is incomplete", p.stderr)
+        self.assertEqual(len(self.events()[0]), 1)
+        self.refused(["rmm", "--strict", log], "line 3")
+
+    def test_malformed_logs_name_the_line(self):
+        self.refused(["rmm", self.write("h.csv", "Thread,Time,Action\n", "w")], "line 1", "expected the header")
+        self.refused(["rmm", self.write("e.csv", "", "w")], "empty")
+        self.refused(["rmm", self.log("1,10:00:00.0,allocate,0x1000,64\n1,10:00:00.1,free,0x1000,64,0x0\n")],
+                     "line 2", "expected 6 fields")
+        self.refused(["rmm", self.log("1,10:00:00.0,allocate,0x1000,sixty,0x0\n")], "line 2", "size 'sixty'")
+        self.refused(["rmm", self.log("1,noon,allocate,0x1000,64,0x0\n")], "line 2", "time 'noon'")
+        self.refused(["rmm", self.log("1,10:00:00.0,reserve,0x1000,64,0x0\n")], "line 2", "unknown action 'reserve'")
+        self.refused(["rmm", self.log("1,10:00:00.0,allocate,0x1000,64,0x0\n1,10:00:00.1,allocate,0x1000,64,0x0\n")],
+                     "line 3", "live since line 2")
+        self.refused(["rmm", self.log("1,10:00:00.0,allocate,0x1000,64,0x0\n1,10:00:00.1,free,0x1000,32,0x0\n")],
+                     "line 3", "line 2 allocated it with 64 bytes")
+        self.refused(["rmm", self.log("1,10:00:00.0,allocate,0x1000,64,0x0\n1,10:00:00.1,free,0x1000,64,0x0\n"
+                                      "1,10:00:00.2,free,0x1000,64,0x0\n")], "line 4", "line 3 freed already")
+        self.refused(["rmm", self.log("1,10:00:00.0,allocate,0x1000,0,0x0\n")], "line 2", "0 bytes")
+        self.refused(["rmm", self.path("missing.csv")], "missing.csv", "cannot read")
+
+
+if __name__ == "__main__":
+    IMPORT, TRACE_TOOL, REPLAY = [sys.executable, sys.argv[1]], sys.argv[2], sys.argv[3]
+    unittest.main(argv=sys.argv[:1], verbosity=2)
