@@ -21,13 +21,13 @@ class CustodyStats(ctypes.Structure):
     """custody_torch_stats of plugins/torch/custody_torch_allocator.h."""
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "live_bytes", "peak_live_bytes", "reserved_bytes", "peak_reserved_bytes",
-        "live_allocations", "allocations", "deallocations")]
+        "live_allocations", "allocations", "deallocations", "num_ooms", "held_bytes")]
 
 
 def load_custody(lib_path):
     """Makes custody PyTorch's CUDA allocator; returns the library for its statistics."""
     import torch
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(lib_path, "custody_alloc", "custody_free")
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(lib_path, "custody_torch_malloc", "custody_free")
     torch.cuda.memory.change_current_allocator(allocator)
     lib = ctypes.CDLL(lib_path)  # the same loaded library: dlopen returns the existing handle
     lib.custody_stats.argtypes = [ctypes.c_int, ctypes.POINTER(CustodyStats)]

@@ -1,13 +1,16 @@
 // Interop overheads, peers side by side in one run:
 //   pmr_churn/<resource>     a std::pmr::memory_resource serving batches of mixed-size blocks
 //   pluggable/<path>         PyTorch's entry point (pluggable_allocator) against the resource
-//                            called directly, on one host virtual device, bare and pooled
+//                            called directly, on one host virtual device, bare and pooled, and
+//                            the pool under recorded_streams (what the PyTorch library serves:
+//                            its cost when no stream is recorded)
 #include <custody/interop/pmr.hpp>
 #include <custody/interop/pluggable_allocator.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/host_memory.hpp>
+#include <custody/resource/recorded_streams.hpp>
 #include <custody/resource/simulated_device_memory.hpp>
 
 #include <benchmark/benchmark.h>
@@ -121,6 +124,37 @@ void pluggable_entry_point(benchmark::State& state) {
     state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
 }
 
+/// Batches of `batch` allocations then frees, through `allocate(size)` and `deallocate(p, size)`.
+template <class Allocate, class Deallocate>
+void serve_batches(benchmark::State& state, Allocate&& allocate, Deallocate&& deallocate) {
+    const auto sz = sizes();
+    std::array<void*, batch> blocks{};
+    for (auto _ : state) {
+        for (std::size_t i = 0; i < batch; ++i) blocks[i] = allocate(sz[i]);
+        benchmark::DoNotOptimize(blocks.data());
+        for (std::size_t i = 0; i < batch; ++i) deallocate(blocks[i], sz[i]);
+    }
+    state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * batch));
+}
+
+using recorded_pool = custody::resource::recorded_streams<device_pool>;
+
+void pluggable_recorded_pool_direct(benchmark::State& state) {
+    recorded_pool pool(custody::pool::pool_options{}, 0, std::size_t{1} << 30);
+    serve_batches(
+        state, [&](std::size_t n) { return pool.allocate({}, n, 256); },
+        [&](void* p, std::size_t n) { pool.deallocate({}, p, n, 256); });
+}
+
+void pluggable_recorded_pool_entry_point(benchmark::State& state) {
+    custody::interop::pluggable_allocator<recorded_pool> alloc(1, [](int device) {
+        return std::make_unique<recorded_pool>(custody::pool::pool_options{}, device, std::size_t{1} << 30);
+    });
+    serve_batches(
+        state, [&](std::size_t n) { return alloc.allocate(static_cast<std::ptrdiff_t>(n), 0, {}); },
+        [&](void* p, std::size_t n) { alloc.free(p, static_cast<std::ptrdiff_t>(n), 0, {}); });
+}
+
 } // namespace
 
 BENCHMARK(pmr_churn_new_delete)->Name("pmr_churn/new_delete_resource");
@@ -132,5 +166,8 @@ BENCHMARK(pluggable_direct)->Name("pluggable/simulated_device_memory_direct");
 BENCHMARK(pluggable_entry_point)->Name("pluggable/pluggable_allocator<simulated_device_memory>");
 BENCHMARK(pluggable_pool_direct)->Name("pluggable/stream_ordered_pool_direct");
 BENCHMARK(pluggable_pool_entry_point)->Name("pluggable/pluggable_allocator<stream_ordered_pool>");
+BENCHMARK(pluggable_recorded_pool_direct)->Name("pluggable/recorded_streams<stream_ordered_pool>_direct");
+BENCHMARK(pluggable_recorded_pool_entry_point)
+    ->Name("pluggable/pluggable_allocator<recorded_streams<stream_ordered_pool>>");
 
 BENCHMARK_MAIN();

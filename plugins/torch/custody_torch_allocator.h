@@ -1,12 +1,19 @@
 /* custody_torch_allocator: the C interface of the shared library that backs PyTorch's
  * CUDAPluggableAllocator with one custody pool per device.
  *
- *   torch.cuda.memory.CUDAPluggableAllocator(path, "custody_alloc", "custody_free")
+ *   torch.cuda.memory.CUDAPluggableAllocator(path, "custody_torch_malloc", "custody_free")
  *
- * Every function is thread-safe and never throws. A failed custody_alloc returns NULL and
- * custody_last_error() says why (on the calling thread). The stream is a cudaStream_t in the CUDA
- * build; the host build (virtual devices, for tests without a GPU) treats it as opaque and orders
- * everything on the default host stream. */
+ * (the Python package `custody` does this and installs the other hooks: custody.torch.enable()).
+ *
+ * Every function is thread-safe. Every function but custody_torch_malloc never throws: a failed
+ * call returns NULL (or -1) and custody_last_error() says why, on the calling thread.
+ * custody_torch_malloc is PyTorch's allocation function: it never returns NULL for a non-zero
+ * size; a failure throws a C++ exception (derived from std::exception, its what() custody's
+ * diagnostics), which PyTorch turns into a Python exception. Call it only from C++.
+ *
+ * The stream is a cudaStream_t in the CUDA build. In the host build (virtual devices, for tests
+ * without a GPU) it is NULL, the default host stream, or the state of a custody host stream
+ * (custody::host::stream_view::state()). */
 #ifndef CUSTODY_TORCH_ALLOCATOR_H
 #define CUSTODY_TORCH_ALLOCATOR_H
 
@@ -27,11 +34,42 @@ typedef struct custody_torch_stats {
     uint64_t live_allocations;
     uint64_t allocations;         /* successful allocations, ever */
     uint64_t deallocations;
+    uint64_t num_ooms;            /* allocations refused for want of memory */
+    uint64_t held_bytes;          /* freed, held until the streams they were recorded on finish */
 } custody_torch_stats;
 
-/* PyTorch's two entry points. size 0 returns NULL. */
+/* Allocation: size bytes on device, ordered on stream. size 0 returns NULL without an error.
+ * custody_alloc returns NULL on failure (for C callers); custody_torch_malloc throws (PyTorch's
+ * alloc function, see above). custody_free gives a block back on the stream it names. */
 void* custody_alloc(ssize_t size, int device, void* stream);
+void* custody_torch_malloc(ssize_t size, int device, void* stream);
 void custody_free(void* ptr, ssize_t size, int device, void* stream);
+
+/* Sets an option before the first allocation: "max_bytes" (a cap per device; 0: none beyond the
+ * device, or CUSTODY_TORCH_MAX_BYTES when set), "device_headroom" (bytes of the device the pool
+ * leaves free, CUDA build; default 1 GiB) or "tracking" (1: every allocation goes through custody's
+ * tracking resource, for owners, snapshots and per-rank reports). Returns 0, or -1 (see
+ * custody_last_error) for an unknown name or once a pool exists. */
+int custody_configure(const char* name, uint64_t value);
+
+/* Claims the GPU whose identity is device_id (its UUID) for rank, which calls it device, until the
+ * process exits (custody::interop::device_lock; lock files in $CUSTODY_RUNTIME_DIR or
+ * /tmp/custody-<uid>). Returns 0, or -1 when another process holds it: custody_last_error() then
+ * names both ranks. */
+int custody_claim_device(const char* device_id, int rank, int device);
+
+/* PyTorch's record_stream hook: work enqueued on stream uses ptr (a live block). When ptr is freed
+ * it is held until that work has finished, then reused. 0, or -1 when it cannot be recorded. */
+int custody_record_stream(void* ptr, void* stream);
+/* PyTorch's empty_cache (reset) hook: gives every device's cached memory back to the device,
+ * after the work of held blocks has finished. Returns the bytes given back. */
+size_t custody_empty_cache(void);
+/* PyTorch's graph-capture hooks (begin/end allocating to a private pool, releasing it). Private
+ * pools are not served yet: begin always fails, with the reason in custody_last_error(), and an
+ * allocation on a stream under capture fails (custody_torch_malloc throws). Return 0 or -1. */
+int custody_begin_allocate_to_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second);
+int custody_end_allocate_to_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second);
+int custody_release_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second);
 
 /* Fills *out with device's counters (zeros before its first allocation). 0, or -1 for a bad device. */
 int custody_stats(int device, custody_torch_stats* out);
@@ -40,6 +78,19 @@ size_t custody_trim(int device);
 /* Writes a text report (one line per device in use) into buffer, NUL-terminated and truncated to
  * capacity; returns the length of the whole report (as snprintf). */
 size_t custody_report(char* buffer, size_t capacity);
+/* Tracking (with "tracking" configured on). Owner scopes are per thread and nest ("decode" then
+ * "kv_cache" names "decode/kv_cache"); what the thread allocates inside is that owner's.
+ * push/pop return 0 or -1; custody_owner_current copies the current owner's name (as
+ * custody_report). custody_report_json copies the rank's report on device (device -1: the first
+ * device in use) as JSON, in the schema of docs/debug-report-schema.json (its "owners": live
+ * memory per owner), and returns its length, or -1; custody_write_report writes it to path (what
+ * custody-merge reads); 0 or -1. */
+int custody_owner_push(const char* name);
+int custody_owner_pop(void);
+size_t custody_owner_current(char* buffer, size_t capacity);
+ssize_t custody_report_json(int device, char* buffer, size_t capacity);
+int custody_write_report(int device, const char* path);
+
 /* Why this thread's last call failed ("" if it did not). */
 const char* custody_last_error(void);
 /* "cuda" or "host", and the number of devices served. */

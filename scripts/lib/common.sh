@@ -5,7 +5,8 @@
 # a hand-built prefix): a tool on PATH (Meson also as an importable Python module), a header where
 # the compiler finds it, a library through pkg-config or the compiler. Nothing is installed and no
 # package manager is called when nothing is missing. What is missing is installed from the
-# distribution with apt-get (Debian, Ubuntu). CUSTODY_NO_INSTALL=1 never installs: it names what
+# distribution with apt-get (Debian, Ubuntu), Python modules with pip into the python3 on PATH
+# (the one the tests run). CUSTODY_NO_INSTALL=1 never installs: it names what
 # is missing, goes on without the optional parts and fails when a required one is missing.
 #
 # The CUDA Toolkit and NCCL are never installed: when present (CUDA_PATH or /usr/local/cuda), the
@@ -66,6 +67,8 @@ custody_has_fuzzer() {
   done
   return 1
 }
+# custody_has_python_module MODULE: the python3 on PATH imports it.
+custody_has_python_module() { custody_has_tool python3 && python3 -c "import $1" >/dev/null 2>&1; }
 custody_has_libdw() {
   custody_has_pkg libdw ||
     { custody_has_header elfutils/libdwfl.h && custody_has_library dw && custody_has_library elf; }
@@ -76,7 +79,7 @@ custody_has_libdw() {
 custody_parts_demo_required=(compiler meson ninja gsl)
 custody_parts_demo_wanted=(libdw)
 custody_parts_test_required=(compiler meson ninja gsl catch2 python3 pkg-config)
-custody_parts_test_wanted=(libdw benchmark cmake fuzzer matplotlib)
+custody_parts_test_wanted=(libdw benchmark cmake fuzzer matplotlib pytest meson-python)
 
 custody_part_check() { # PART: 0 when present
   case $1 in
@@ -89,6 +92,8 @@ custody_part_check() { # PART: 0 when present
     libdw) custody_has_libdw ;;
     fuzzer) custody_has_fuzzer ;;
     python3 | pkg-config | cmake) custody_has_tool "$1" ;;
+    pytest) custody_has_python_module pytest ;;
+    meson-python) custody_has_python_module mesonpy ;;
     matplotlib) custody_has_tool python3 && python3 -c 'import matplotlib' >/dev/null 2>&1 ;;
     *) return 1 ;;
   esac
@@ -104,6 +109,7 @@ custody_part_package() {
     benchmark) echo libbenchmark-dev ;;
     libdw) echo libdw-dev ;;
     fuzzer) echo clang-16 libclang-rt-16-dev ;;
+    pytest | meson-python) echo "pip:$1" ;; # into the python3 that runs the tests, whichever it is
     matplotlib) echo python3-matplotlib ;;
     *) echo "$1" ;;
   esac
@@ -123,6 +129,8 @@ custody_part_purpose() {
     cmake) echo "CMake (the CMake consumer of the packaging test; skipped without it)" ;;
     fuzzer) echo "clang++ 15+ with libFuzzer (the report and trace readers' fuzz targets; skipped without it)" ;;
     matplotlib) echo "Python's matplotlib (custody-plot's drawing test; skipped without it)" ;;
+    pytest) echo "pytest (the Python package's suite; skipped without it)" ;;
+    meson-python) echo "meson-python (pip install . of the Python package)" ;;
   esac
 }
 
@@ -141,27 +149,38 @@ custody_install_missing() {
   for part in "${missing[@]}"; do
     read -ra part_packages <<<"$(custody_part_package "$part")"
     packages+=("${part_packages[@]}")
-    echo "custody: missing: $(custody_part_purpose "$part") [Debian/Ubuntu package $(custody_part_package "$part")]"
+    local source="Debian/Ubuntu package $(custody_part_package "$part")"
+    [ "${source#*pip:}" != "$source" ] && source="PyPI package ${source#*pip:}"
+    echo "custody: missing: $(custody_part_purpose "$part") [$source]"
+  done
+  # Python modules come from PyPI through pip, the rest from the distribution.
+  local apt_packages=() pip_packages=() package
+  for package in "${packages[@]}"; do
+    if [ "${package#pip:}" != "$package" ]; then pip_packages+=("${package#pip:}"); else apt_packages+=("$package"); fi
   done
   local why=""
   if [ "${CUSTODY_NO_INSTALL:-0}" = 1 ]; then
     why="CUSTODY_NO_INSTALL=1"
-  elif ! custody_has_tool apt-get; then
+  elif [ ${#apt_packages[@]} -gt 0 ] && ! custody_has_tool apt-get; then
     why="no apt-get on this machine"
-  elif [ "$(id -u)" -ne 0 ] && ! custody_has_tool sudo; then
+  elif [ ${#apt_packages[@]} -gt 0 ] && [ "$(id -u)" -ne 0 ] && ! custody_has_tool sudo; then
     why="not root and no sudo"
   fi
-  if [ -z "$why" ]; then
+  if [ -z "$why" ] && [ ${#apt_packages[@]} -gt 0 ]; then
     local sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    echo "custody: installing ${packages[*]} (apt-get; the first run only)"
-    if $sudo apt-get update -qq &&
-       DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null; then
-      missing_required=()
-      for part in "${required[@]}"; do custody_part_check "$part" || missing_required+=("$part"); done
-    else
+    echo "custody: installing ${apt_packages[*]} (apt-get; the first run only)"
+    $sudo apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null ||
       why="apt-get failed"
-    fi
+  fi
+  if [ -z "$why" ] && [ ${#pip_packages[@]} -gt 0 ]; then
+    echo "custody: installing ${pip_packages[*]} (pip; the first run only)"
+    python3 -m pip install -q "${pip_packages[@]}" >/dev/null 2>&1 || why="pip failed"
+  fi
+  if [ -z "$why" ]; then
+    missing_required=()
+    for part in "${required[@]}"; do custody_part_check "$part" || missing_required+=("$part"); done
   fi
   if [ -n "$why" ]; then
     echo "custody: not installing (${why}): install the packages above, or the same parts another way"

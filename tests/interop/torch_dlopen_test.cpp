@@ -3,13 +3,17 @@
 // since the library's state lives as long as the process.
 #include "../../plugins/torch/custody_torch_allocator.h"
 
+#include <custody/platform/host.hpp>
+
 #include "../support/catch.hpp"
+#include "../support/stream_gate.hpp"
 
 #include <dlfcn.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,7 +29,14 @@ constexpr std::size_t cap = std::size_t{64} << 20; // CUSTODY_TORCH_MAX_BYTES fo
 struct plugin {
     void* handle = nullptr;
     decltype(&custody_alloc) alloc = nullptr;
+    decltype(&custody_torch_malloc) torch_malloc = nullptr;
     decltype(&custody_free) free = nullptr;
+    decltype(&custody_record_stream) record_stream = nullptr;
+    decltype(&custody_configure) configure = nullptr;
+    decltype(&custody_empty_cache) empty_cache = nullptr;
+    decltype(&custody_begin_allocate_to_pool) begin_allocate_to_pool = nullptr;
+    decltype(&custody_end_allocate_to_pool) end_allocate_to_pool = nullptr;
+    decltype(&custody_release_pool) release_pool = nullptr;
     decltype(&custody_stats) stats = nullptr;
     decltype(&custody_trim) trim = nullptr;
     decltype(&custody_report) report = nullptr;
@@ -45,7 +56,14 @@ struct plugin {
         handle = dlopen(CUSTODY_TORCH_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
         if (handle == nullptr) FAIL("dlopen failed: " << dlerror());
         bind(alloc, "custody_alloc");
+        bind(torch_malloc, "custody_torch_malloc");
         bind(free, "custody_free");
+        bind(record_stream, "custody_record_stream");
+        bind(configure, "custody_configure");
+        bind(empty_cache, "custody_empty_cache");
+        bind(begin_allocate_to_pool, "custody_begin_allocate_to_pool");
+        bind(end_allocate_to_pool, "custody_end_allocate_to_pool");
+        bind(release_pool, "custody_release_pool");
         bind(stats, "custody_stats");
         bind(trim, "custody_trim");
         bind(report, "custody_report");
@@ -67,7 +85,8 @@ const plugin& lib() {
     return p;
 }
 
-void* const opaque_stream = reinterpret_cast<void*>(std::uintptr_t{0x1234}); // any cudaStream_t value
+/// What the host build takes as a stream: a custody host stream's state.
+void* stream_arg(const custody::host::stream& s) { return s.view().state(); }
 
 } // namespace
 
@@ -77,7 +96,8 @@ TEST_CASE("the library exports PyTorch's entry points and serves the host platfo
 }
 
 TEST_CASE("alloc and free move each device's counters", "[interop][torch]") {
-    void* a = lib().alloc(1 << 20, 0, opaque_stream);
+    custody::host::stream on0(0);
+    void* a = lib().alloc(1 << 20, 0, stream_arg(on0));
     void* b = lib().alloc(1000, 1, nullptr);
     REQUIRE(a != nullptr);
     REQUIRE(b != nullptr);
@@ -88,7 +108,8 @@ TEST_CASE("alloc and free move each device's counters", "[interop][torch]") {
     CHECK(s0.live_bytes == (1 << 20));
     CHECK(s0.live_allocations == 1);
     CHECK(lib().stats_of(1).live_bytes == 1000);
-    lib().free(a, 1 << 20, 0, opaque_stream);
+    lib().free(a, 1 << 20, 0, stream_arg(on0));
+    custody::host::platform::synchronize(on0);
     lib().free(b, 1000, 1, nullptr);
     s0 = lib().stats_of(0);
     CHECK(s0.live_bytes == 0);
@@ -123,6 +144,7 @@ TEST_CASE("exhaustion returns null with the out-of-memory message, and the devic
     const auto after = lib().stats_of(3);
     CHECK(after.live_bytes == before.live_bytes);
     CHECK(after.allocations == before.allocations);
+    CHECK(after.num_ooms == before.num_ooms + 1);
     lib().free(a, static_cast<ssize_t>(cap / 2), 3, nullptr);
     void* b = lib().alloc(static_cast<ssize_t>(cap - 4096), 3, nullptr);
     CHECK(b != nullptr);
@@ -178,4 +200,90 @@ TEST_CASE("threads allocate and free concurrently with exact counters", "[intero
     CHECK(after.allocations - before.allocations == threads * rounds);
     CHECK(after.deallocations - before.deallocations == threads * rounds);
     CHECK(after.live_bytes == 0);
+}
+
+TEST_CASE("PyTorch's allocation function never returns null: exhaustion throws custody's diagnostics", "[interop][torch]") {
+    void* a = lib().torch_malloc(static_cast<ssize_t>(cap / 2), 3, nullptr);
+    REQUIRE(a != nullptr);
+    const auto before = lib().stats_of(3);
+    void* returned = nullptr;
+    std::string message;
+    try {
+        returned = lib().torch_malloc(static_cast<ssize_t>(cap), 3, nullptr);
+    } catch (const std::exception& e) {
+        message = e.what();
+    }
+    CHECK(returned == nullptr);
+    CHECK_THAT(message, custody_test::contains("custody: out of memory") && custody_test::contains("device 3") &&
+                            custody_test::contains("reserved"));
+    const auto after = lib().stats_of(3);
+    CHECK(after.num_ooms == before.num_ooms + 1);
+    CHECK(after.live_bytes == before.live_bytes);
+    std::string bad_device;
+    try {
+        static_cast<void>(lib().torch_malloc(64, 99, nullptr));
+    } catch (const std::exception& e) {
+        bad_device = e.what();
+    }
+    CHECK_THAT(bad_device, custody_test::contains("device 99 out of range"));
+    lib().free(a, static_cast<ssize_t>(cap / 2), 3, nullptr);
+}
+
+TEST_CASE("record_stream holds a freed block until the recorded stream's work is done", "[interop][torch]") {
+    constexpr ssize_t block = 8192;
+    custody::host::stream main_stream(4);
+    custody::host::stream side(4);
+    void* p = lib().torch_malloc(block, 4, stream_arg(main_stream));
+    REQUIRE(p != nullptr);
+    lib().free(p, block, 4, stream_arg(main_stream));
+    void* same = lib().torch_malloc(block, 4, stream_arg(main_stream));
+    REQUIRE(same == p); // unrecorded, the block is reused on its stream at once
+    {
+        custody::test::stream_gate<custody::host::platform> gate(side); // the side stream still reads p
+        CHECK(lib().record_stream(p, stream_arg(side)) == 0);
+        lib().free(p, block, 4, stream_arg(main_stream));
+        CHECK(lib().stats_of(4).held_bytes == static_cast<std::uint64_t>(block));
+        void* next = lib().torch_malloc(block, 4, stream_arg(main_stream));
+        CHECK(next != p);
+        lib().free(next, block, 4, stream_arg(main_stream));
+    }
+    custody::host::platform::synchronize(side);
+    void* later = lib().torch_malloc(block, 4, stream_arg(main_stream)); // finds p's work done
+    CHECK(lib().stats_of(4).held_bytes == 0);
+    lib().free(later, block, 4, stream_arg(main_stream));
+    custody::host::platform::synchronize(main_stream);
+}
+
+TEST_CASE("empty_cache gives every cached and held byte back to the device", "[interop][torch]") {
+    constexpr ssize_t block = ssize_t{2} << 20;
+    custody::host::stream main_stream(4);
+    custody::host::stream side(4);
+    void* p = lib().torch_malloc(block, 4, stream_arg(main_stream));
+    REQUIRE(p != nullptr);
+    REQUIRE(lib().record_stream(p, stream_arg(side)) == 0);
+    lib().free(p, block, 4, stream_arg(main_stream));
+    CHECK(lib().stats_of(4).reserved_bytes > 0);
+    CHECK(lib().empty_cache() > 0);
+    custody::host::platform::synchronize(main_stream);
+    const auto s = lib().stats_of(4);
+    CHECK(s.held_bytes == 0);
+    CHECK(s.reserved_bytes == 0);
+}
+
+TEST_CASE("graph capture into a private pool is refused loudly", "[interop][torch]") {
+    CHECK(lib().begin_allocate_to_pool(0, 1, 0) == -1);
+    CHECK_THAT(lib().last_error(), custody_test::contains("graph capture"));
+    CHECK(lib().end_allocate_to_pool(0, 1, 0) == -1);
+    CHECK_THAT(lib().last_error(), custody_test::contains("graph capture"));
+    CHECK(lib().release_pool(0, 1, 0) == 0);
+}
+
+TEST_CASE("options are refused by name when unknown, and once a pool exists", "[interop][torch]") {
+    CHECK(lib().configure("no_such_option", 1) == -1);
+    CHECK_THAT(lib().last_error(), custody_test::contains("unknown option 'no_such_option'"));
+    void* p = lib().alloc(256, 7, nullptr);
+    REQUIRE(p != nullptr);
+    CHECK(lib().configure("max_bytes", 1 << 20) == -1);
+    CHECK_THAT(lib().last_error(), custody_test::contains("after the first allocation"));
+    lib().free(p, 256, 7, nullptr);
 }

@@ -9,6 +9,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/error.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/platform/platform.hpp>
 #include <custody/pool/capture_pool_id.hpp>
@@ -28,17 +29,18 @@
 namespace custody::interop {
 
 /// One `Resource` per device, made by `factory(device)` the first time the device is used, behind
-/// the calls a pluggable allocator exports. Every call is noexcept: errors become a null pointer
-/// (or a zero count) plus a message kept per thread (last_error()), since nothing may throw across
-/// a C boundary.
+/// the calls a pluggable allocator exports. Every call but allocate() is noexcept: errors become a
+/// null pointer (or a zero count, or false) plus a message kept per thread (last_error()), for
+/// callers across a C boundary; allocate() throws, for a C++ caller that turns exceptions into its
+/// own errors (PyTorch).
 ///
 /// Device binding: each call runs with its `device` current on the calling thread (a device guard),
 /// so that a default stream, which belongs to the current device, names that device's default
 /// stream; the caller's device is restored.
 /// Stream semantics: alloc(size, device, stream) is `Resource::allocate(stream, size, 256)`; free
 /// gives the block back on the stream it is told (PyTorch passes the stream the block was
-/// allocated on; blocks used on other streams must be recorded by the framework, as with any
-/// stream-ordered allocator).
+/// allocated on). A block also used on other streams is recorded with record_stream(), which the
+/// resource honours when it can (resource/recorded_streams.hpp).
 /// Thread safety: thread-safe, as `Resource`. Creating a device's resource takes a mutex once;
 /// afterwards a device is found with one atomic load.
 /// Ownership: owns the resources; they live until the allocator is destroyed. A shared library
@@ -59,7 +61,8 @@ public:
     /// Serves devices 0..device_count-1, making each device's resource with `factory`.
     pluggable_allocator(int device_count, factory_type factory)
         : device_count_(device_count), factory_(std::move(factory)),
-          slots_(std::make_unique<std::atomic<Resource*>[]>(static_cast<std::size_t>(device_count))) {
+          slots_(std::make_unique<std::atomic<Resource*>[]>(static_cast<std::size_t>(device_count))),
+          ooms_(std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(device_count))) {
         if (device_count < 0) throw std::invalid_argument("custody: negative device count");
     }
     pluggable_allocator(const pluggable_allocator&) = delete;
@@ -73,11 +76,53 @@ public:
     /// `size` bytes on `device`, ordered on `stream`; nullptr (and last_error()) on failure.
     /// size == 0 returns nullptr without an error, as cudaMalloc of zero bytes may.
     [[nodiscard]] void* alloc(std::ptrdiff_t size, int device, stream_type stream) noexcept {
-        return guarded<void*>(nullptr, [&]() -> void* {
-            if (size < 0) throw std::invalid_argument("custody: negative allocation size " + std::to_string(size));
-            Resource& r = resource(device);
-            basic_device_guard<platform_type> guard(device);
+        return guarded<void*>(nullptr, [&] { return allocate(size, device, stream); });
+    }
+
+    /// As alloc, but a failure throws instead of returning nullptr: custody::out_of_memory (with
+    /// the resource's diagnostics), std::invalid_argument (a bad device or size), or what the
+    /// resource throws (capture_error on a stream under graph capture). For callers that are
+    /// C++ and turn exceptions into their own errors, as PyTorch does with what its allocator
+    /// throws. Every out_of_memory is counted (out_of_memory_count()).
+    [[nodiscard]] void* allocate(std::ptrdiff_t size, int device, stream_type stream) {
+        if (size < 0) throw std::invalid_argument("custody: negative allocation size " + std::to_string(size));
+        Resource& r = resource(device);
+        if (size == 0) return nullptr;
+        basic_device_guard<platform_type> guard(device);
+        try {
             return r.allocate(stream, static_cast<std::size_t>(size), alignment);
+        } catch (const out_of_memory&) {
+            ooms_[static_cast<std::size_t>(device)].fetch_add(1, std::memory_order_relaxed);
+            throw;
+        }
+    }
+
+    /// Out-of-memory failures of `device` so far (0 for a device out of range).
+    [[nodiscard]] std::uint64_t out_of_memory_count(int device) const noexcept {
+        if (device < 0 || device >= device_count_) return 0;
+        return ooms_[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
+    }
+
+    /// Notes that work enqueued on `stream` uses `ptr`, a live block of the device `stream`
+    /// belongs to, when the resource can hold blocks for other streams (a `record(ptr, stream)`
+    /// member, see resource/recorded_streams.hpp): the block is then reused only after that work.
+    /// Returns false, with last_error(), when it cannot (no such resource on that device, or the
+    /// resource cannot record): the caller must then synchronize instead.
+    bool record_stream(void* ptr, stream_type stream) noexcept {
+        return guarded<bool>(false, [&] {
+            const int device = platform_type::stream_device(stream);
+            Resource* r = existing(device);
+            if (r == nullptr) {
+                throw std::invalid_argument("custody: record_stream of a block custody did not allocate (device " +
+                                            std::to_string(device) + ")");
+            }
+            if constexpr (requires { r->record(ptr, stream); }) {
+                basic_device_guard<platform_type> guard(device);
+                r->record(ptr, stream);
+                return true;
+            } else {
+                throw std::logic_error("custody: this allocator's resource cannot record streams");
+            }
         });
     }
 
@@ -169,6 +214,17 @@ public:
     /// The message of this thread's last failed call ("" if none). Valid until this thread's next
     /// call.
     [[nodiscard]] static const char* last_error() noexcept { return last_error_slot().c_str(); }
+    /// Sets this thread's last error, for entry points that refuse a call themselves.
+    static void set_last_error(std::string message) noexcept {
+        try {
+            last_error_slot() = std::move(message);
+        } catch (...) {
+            last_error_slot().clear();
+        }
+    }
+
+    /// `device`'s resource if it was made already, else nullptr (a device out of range too).
+    [[nodiscard]] Resource* find(int device) const noexcept { return existing(device); }
 
     /// The resource of `device`, made on first use. Throws std::invalid_argument for a device out
     /// of range, and what the factory throws.
@@ -217,14 +273,6 @@ private:
         thread_local std::string message;
         return message;
     }
-    static void set_last_error(std::string message) noexcept {
-        try {
-            last_error_slot() = std::move(message);
-        } catch (...) {
-            last_error_slot().clear();
-        }
-    }
-
     /// Runs `f`, clears the last error, and returns its result; on an exception keeps its message
     /// as the last error and returns `fallback`.
     template <class T, class F>
@@ -244,6 +292,7 @@ private:
     int device_count_;
     factory_type factory_;
     std::unique_ptr<std::atomic<Resource*>[]> slots_; // slots_[d] == nullptr until device d is used
+    std::unique_ptr<std::atomic<std::uint64_t>[]> ooms_; // ooms_[d]: out_of_memory thrown for device d
     std::mutex create_mutex_;
 };
 

@@ -1,0 +1,197 @@
+"""The allocator library (plugins/torch/custody_torch_allocator.h) through ctypes.
+
+Works without PyTorch: the package's core reads statistics, trims, claims devices and tells
+errors through this module alone. The library found is, in order: $CUSTODY_LIBRARY, the CUDA build
+installed in the package, the host build installed in the package (virtual devices, for tests)."""
+
+import ctypes
+import json
+import os
+import pathlib
+import threading
+
+__all__ = ["CustodyError", "OutOfMemoryError", "Library", "library", "library_path"]
+
+_HERE = pathlib.Path(__file__).resolve().parent
+_NAMES = ("libcustody_torch_allocator.so", "libcustody_torch_allocator_host.so")
+OUT_OF_MEMORY_MARK = "custody: out of memory"
+
+
+class CustodyError(RuntimeError):
+    """A call into custody's library failed; the message is the library's."""
+
+
+class OutOfMemoryError(CustodyError, MemoryError):
+    """An allocation found no memory; the message carries the pool's diagnostics."""
+
+
+class _Stats(ctypes.Structure):
+    """custody_torch_stats."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "live_bytes", "peak_live_bytes", "reserved_bytes", "peak_reserved_bytes", "live_allocations",
+        "allocations", "deallocations", "num_ooms", "held_bytes")]
+
+
+def library_path():
+    """The path of the library this process uses (see the module's comment)."""
+    explicit = os.environ.get("CUSTODY_LIBRARY")
+    if explicit:
+        return explicit
+    for name in _NAMES:
+        candidate = _HERE / name
+        if candidate.exists():
+            return str(candidate)
+    raise CustodyError("custody: no allocator library in %s (looked for %s); set CUSTODY_LIBRARY to its path"
+                       % (_HERE, ", ".join(_NAMES)))
+
+
+def _error_for(message):
+    return (OutOfMemoryError if OUT_OF_MEMORY_MARK in message else CustodyError)(message)
+
+
+class Library:
+    """One loaded allocator library. Thread-safe, as the library is. The process keeps one library
+    per path: dlopen returns the same handle, so every Library of a path shares its pools."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self._lib = lib = ctypes.CDLL(self.path)
+        size_t, ssize_t, u64, vp, c_int = ctypes.c_size_t, ctypes.c_ssize_t, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
+        signatures = {
+            "custody_alloc": (vp, [ssize_t, c_int, vp]),
+            "custody_free": (None, [vp, ssize_t, c_int, vp]),
+            "custody_stats": (c_int, [c_int, ctypes.POINTER(_Stats)]),
+            "custody_trim": (size_t, [c_int]),
+            "custody_report": (size_t, [ctypes.c_char_p, size_t]),
+            "custody_last_error": (ctypes.c_char_p, []),
+            "custody_platform": (ctypes.c_char_p, []),
+            "custody_device_count": (c_int, []),
+            "custody_configure": (c_int, [ctypes.c_char_p, u64]),
+            "custody_claim_device": (c_int, [ctypes.c_char_p, c_int, c_int]),
+            "custody_record_stream": (c_int, [vp, vp]),
+            "custody_empty_cache": (size_t, []),
+            "custody_begin_allocate_to_pool": (c_int, [c_int, u64, u64]),
+            "custody_owner_push": (c_int, [ctypes.c_char_p]),
+            "custody_owner_pop": (c_int, []),
+            "custody_owner_current": (size_t, [ctypes.c_char_p, size_t]),
+            "custody_report_json": (ssize_t, [c_int, ctypes.c_char_p, size_t]),
+            "custody_write_report": (c_int, [c_int, ctypes.c_char_p]),
+        }
+        for name, (restype, argtypes) in signatures.items():
+            function = getattr(lib, name)
+            function.restype = restype
+            function.argtypes = argtypes
+
+    def last_error(self):
+        """Why this thread's last failed call failed ("" if it did not)."""
+        return (self._lib.custody_last_error() or b"").decode("utf-8", "replace")
+
+    def _check(self, status):
+        if status != 0:
+            raise _error_for(self.last_error())
+
+    @property
+    def platform(self):
+        """"cuda", or "host" for the build over virtual devices."""
+        return self._lib.custody_platform().decode()
+
+    @property
+    def device_count(self):
+        return self._lib.custody_device_count()
+
+    def alloc(self, size, device, stream=None):
+        """A block of `size` bytes on `device` (an int address); raises OutOfMemoryError or
+        CustodyError with the library's message. size 0 returns 0."""
+        address = self._lib.custody_alloc(size, device, stream)
+        if not address and size != 0:
+            raise _error_for(self.last_error())
+        return address or 0
+
+    def free(self, address, size, device, stream=None):
+        self._lib.custody_free(address, size, device, stream)
+
+    def stats(self, device):
+        """custody_torch_stats of `device` as a dict (zeros before its first allocation)."""
+        out = _Stats()
+        if self._lib.custody_stats(device, ctypes.byref(out)) != 0:
+            raise CustodyError("custody: no device %r (%d devices)" % (device, self.device_count))
+        return {name: getattr(out, name) for name, _ in _Stats._fields_}
+
+    def configure(self, name, value):
+        """Sets an option of the pools before the first allocation (max_bytes, device_headroom)."""
+        self._check(self._lib.custody_configure(name.encode(), int(value)))
+
+    def claim_device(self, device_id, rank, device):
+        """Claims the GPU `device_id` for `rank` until the process exits; raises CustodyError naming
+        both ranks when another process holds it."""
+        self._check(self._lib.custody_claim_device(device_id.encode(), rank, device))
+
+    def record_stream(self, address, stream):
+        """Work on `stream` uses the block at `address`: reused only after that work."""
+        self._check(self._lib.custody_record_stream(address, stream))
+
+    def empty_cache(self):
+        """Gives cached and held memory back to every device; returns the bytes given back."""
+        return self._lib.custody_empty_cache()
+
+    def trim(self, device=-1):
+        return self._lib.custody_trim(device)
+
+    def _text(self, function, *args):
+        """The whole text of a function with snprintf semantics (as custody_report). Each call
+        makes the text anew (a report may grow between two calls): asks again with a larger
+        buffer until the text fits. Raises CustodyError when the function returns -1."""
+        capacity = 0
+        while True:
+            buffer = ctypes.create_string_buffer(capacity) if capacity else None
+            size = function(*args, buffer, capacity)
+            if size < 0:
+                raise CustodyError(self.last_error())
+            if size < capacity:
+                return buffer.value.decode("utf-8", "replace")
+            capacity = size + size // 4 + 4096
+
+    def report(self):
+        """One text line per device in use."""
+        return self._text(self._lib.custody_report)
+
+    def owner_push(self, name):
+        self._check(self._lib.custody_owner_push(name.encode()))
+
+    def owner_pop(self):
+        self._check(self._lib.custody_owner_pop())
+
+    def owner_current(self):
+        return self._text(self._lib.custody_owner_current)
+
+    def rank_report(self, device=-1):
+        """This rank's tracking report on `device` (tracking on; -1: the first device in use), as
+        the dict of docs/debug-report-schema.json."""
+        return json.loads(self._text(self._lib.custody_report_json, device))
+
+    def owners(self, device=-1):
+        """Live memory per owner of `device` (tracking on): a list of dicts with owner,
+        live_bytes, live_count and peak_bytes."""
+        return self.rank_report(device)["owners"]
+
+    def write_report(self, device, path):
+        self._check(self._lib.custody_write_report(device, str(path).encode()))
+
+    def begin_allocate_to_pool(self, device, pool_id):
+        """PyTorch's begin-allocate-to-pool hook: refused (raises CustodyError) until private pools
+        for graph capture are served."""
+        self._check(self._lib.custody_begin_allocate_to_pool(device, pool_id[0], pool_id[1]))
+
+
+_loaded = {}
+_lock = threading.Lock()
+
+
+def library(path=None):
+    """The Library at `path` (default: library_path()), loaded once per process."""
+    path = str(path or library_path())
+    with _lock:
+        if path not in _loaded:
+            _loaded[path] = Library(path)
+        return _loaded[path]

@@ -1,0 +1,159 @@
+"""The package's core over the host build of the allocator library: no PyTorch, no GPU."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import custody
+from custody import options
+from conftest import _environment, run_python
+
+
+def test_loads_the_host_build(host_lib):
+    assert host_lib.platform == "host"
+    assert host_lib.device_count == 8
+    assert custody.library() is host_lib
+
+
+def test_memory_stats_use_pytorchs_key_names_and_move_exactly(host_lib):
+    before = custody.memory_stats(1)
+    assert {"allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
+            "reserved_bytes.all.peak", "num_ooms", "allocation.all.current"} <= set(before)
+    block = host_lib.alloc(3 << 20, 1)
+    during = custody.memory_stats(1)
+    assert during["allocated_bytes.all.current"] == before["allocated_bytes.all.current"] + (3 << 20)
+    assert during["allocation.all.current"] == before["allocation.all.current"] + 1
+    assert during["reserved_bytes.all.current"] >= 3 << 20
+    host_lib.free(block, 3 << 20, 1)
+    after = custody.memory_stats(1)
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+    assert after["allocated_bytes.all.peak"] >= 3 << 20
+    assert after["allocation.all.freed"] == before["allocation.all.freed"] + 1
+
+
+def test_out_of_memory_raises_with_the_pools_diagnostics_and_is_counted(host_lib):
+    before = custody.memory_stats(2)
+    with pytest.raises(custody.OutOfMemoryError) as caught:
+        host_lib.alloc(1 << 50, 2)
+    message = str(caught.value)
+    assert "custody: out of memory" in message and "device 2" in message and "reserved" in message
+    assert isinstance(caught.value, MemoryError) and isinstance(caught.value, custody.CustodyError)
+    after = custody.memory_stats(2)
+    assert after["num_ooms"] == before["num_ooms"] + 1
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+
+
+def test_bad_requests_raise_custody_errors(host_lib):
+    with pytest.raises(custody.CustodyError, match="device 42 out of range"):
+        host_lib.alloc(64, 42)
+    with pytest.raises(custody.CustodyError, match="no device"):
+        host_lib.stats(42)
+    assert host_lib.alloc(0, 1) == 0
+
+
+def test_empty_cache_gives_the_reserve_back(host_lib):
+    block = host_lib.alloc(4 << 20, 3)
+    host_lib.free(block, 4 << 20, 3)
+    assert custody.memory_stats(3)["reserved_bytes.all.current"] > 0
+    assert host_lib.empty_cache() > 0
+    assert custody.memory_stats(3)["reserved_bytes.all.current"] == 0
+
+
+def test_memory_summary_names_the_device_and_its_counters(host_lib):
+    block = host_lib.alloc(1 << 20, 4)
+    text = custody.memory_summary(4)
+    host_lib.free(block, 1 << 20, 4)
+    assert "device 4 (host build)" in text
+    assert "Allocated memory" in text and "1.0 MiB" in text
+    assert "Out-of-memory errors" in text
+
+
+def test_capture_hook_is_refused_loudly(host_lib):
+    with pytest.raises(custody.CustodyError, match="graph capture"):
+        host_lib.begin_allocate_to_pool(0, (1, 0))
+
+
+def test_options_take_the_environment_over_the_code():
+    chosen = options.resolve(environ={"CUSTODY_MAX_BYTES": "2GiB", "CUSTODY_TRACKING": "1"}, max_bytes=1 << 20,
+                             tracking=False)
+    assert chosen["max_bytes"] == 2 << 30
+    assert chosen["tracking"] is True
+    assert chosen["claim_device"] is True
+    assert options.resolve(environ={}, max_bytes="512MiB")["max_bytes"] == 512 << 20
+    assert options.resolve(environ={})["max_bytes"] is None
+    with pytest.raises(custody.CustodyError, match="CUSTODY_MAX_BYTES='lots'"):
+        options.resolve(environ={"CUSTODY_MAX_BYTES": "lots"})
+    with pytest.raises(custody.CustodyError, match="CUSTODY_TRACKING='maybe'"):
+        options.resolve(environ={"CUSTODY_TRACKING": "maybe"})
+    with pytest.raises(TypeError, match="unknown option"):
+        options.resolve(environ={}, max_byte=1)
+    assert options.parse_bytes("2G") == 2 * 1000 ** 3
+    assert options.parse_bytes("1048576") == 1 << 20
+
+
+def test_rank_comes_from_torchruns_variables():
+    assert custody.rank_info({}) == (0, 0, 1)
+    assert custody.rank_info({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}) == (3, 1, 4)
+    with pytest.raises(custody.CustodyError, match="LOCAL_RANK, WORLD_SIZE not"):
+        custody.rank_info({"RANK": "3"})
+    with pytest.raises(custody.CustodyError, match="do not fit"):
+        custody.rank_info({"RANK": "4", "LOCAL_RANK": "0", "WORLD_SIZE": "4"})
+
+
+def test_configure_caps_the_pools_before_the_first_allocation_and_is_refused_after(host_lib):
+    run_python("""
+        import custody
+        lib = custody.library()
+        lib.configure("max_bytes", 8 << 20)
+        block = lib.alloc(6 << 20, 0)
+        try:
+            lib.alloc(4 << 20, 0)
+        except custody.OutOfMemoryError as e:
+            assert "out of memory" in str(e), e
+        else:
+            raise AssertionError("the cap was not applied")
+        try:
+            lib.configure("max_bytes", 1 << 30)
+        except custody.CustodyError as e:
+            assert "after the first allocation" in str(e), e
+        else:
+            raise AssertionError("configure after an allocation was accepted")
+        try:
+            lib.configure("bogus", 1)
+        except custody.CustodyError as e:
+            assert "unknown option 'bogus'" in str(e), e
+        else:
+            raise AssertionError("an unknown option was accepted")
+    """)
+
+
+def test_a_second_rank_on_the_same_gpu_fails_naming_both_ranks(host_lib, tmp_path):
+    holder = """
+        import sys, custody
+        custody.claim_device("GPU-test-uuid", 0, rank=0)
+        print("claimed", flush=True)
+        sys.stdin.read()
+    """
+    env = _environment({"CUSTODY_RUNTIME_DIR": tmp_path})
+    first = subprocess.Popen([sys.executable, "-c", textwrap.dedent(holder)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert first.stdout.readline().strip() == "claimed"
+        second = run_python("""
+            import custody
+            try:
+                custody.claim_device("GPU-test-uuid", 0, rank=1)
+            except custody.CustodyError as e:
+                print(e)
+            else:
+                raise SystemExit("the second claim succeeded")
+        """, env={"CUSTODY_RUNTIME_DIR": tmp_path})
+        assert "ranks 0 and 1 both chose device 0" in second.stdout, second.stdout
+        assert "GPU-test-uuid" in second.stdout
+    finally:
+        first.communicate("")
+    run_python("""
+        import custody
+        custody.claim_device("GPU-test-uuid", 0, rank=1)   # free again once the holder exited
+    """, env={"CUSTODY_RUNTIME_DIR": tmp_path})

@@ -1,0 +1,168 @@
+"""custody.torch on a GPU: PyTorch with CUDA and the CUDA build of the allocator library
+(CUSTODY_LIBRARY). Skipped elsewhere. Each case runs in a fresh process, since PyTorch takes its
+allocator once per process."""
+import importlib.util
+
+import pytest
+
+from conftest import ROOT, run_python, run_script
+
+import custody
+
+
+def _cuda_ready():
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed"
+    if custody.library().platform != "cuda":
+        return "CUSTODY_LIBRARY is not the CUDA build"
+    done = run_python("import torch; print(torch.cuda.is_available())", check=False)
+    if done.stdout.strip() != "True":
+        return "no CUDA device"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_cuda_ready() is not None, reason=str(_cuda_ready()))
+
+PRELUDE = """
+import torch, custody, custody.torch
+custody.torch.enable()
+"""
+
+
+def test_enable_makes_custody_the_allocator_and_stats_keep_pytorchs_names():
+    done = run_python(PRELUDE + """
+        x = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+        stats = torch.cuda.memory_stats()
+        assert stats["allocated_bytes.all.current"] >= 1 << 20, stats
+        assert torch.cuda.memory_allocated() == stats["allocated_bytes.all.current"]
+        assert torch.cuda.max_memory_reserved() >= 1 << 20
+        assert custody.library().stats(0)["live_allocations"] >= 1
+        print(torch.cuda.memory_summary())
+    """.replace("\n        ", "\n"))
+    assert "custody memory summary" in done.stdout
+
+
+def test_enable_after_cuda_is_initialized_is_a_clear_error():
+    run_python("""
+import torch, custody.torch
+torch.zeros(1, device="cuda")
+try:
+    custody.torch.enable()
+except custody.torch.TooLateError as e:
+    assert "before the first CUDA allocation" in str(e) or "after CUDA was initialized" in str(e), e
+else:
+    raise AssertionError("enable() after CUDA init was accepted")
+""")
+
+
+def test_out_of_memory_is_a_python_error_with_custodys_diagnostics_never_a_null_tensor():
+    run_python(PRELUDE + """
+free, total = torch.cuda.mem_get_info()
+try:
+    torch.empty(total * 2, dtype=torch.uint8, device="cuda")
+except RuntimeError as e:
+    assert "custody: out of memory" in str(e), e
+    assert not isinstance(e, torch.OutOfMemoryError)
+else:
+    raise AssertionError("an impossible allocation returned a tensor")
+try:
+    with custody.torch.oom_as_torch_error():
+        torch.empty(total * 2, dtype=torch.uint8, device="cuda")
+except torch.OutOfMemoryError as e:
+    assert "custody: out of memory" in str(e), e
+assert torch.cuda.memory_stats()["num_ooms"] == 2
+y = torch.ones(1024, device="cuda")               # the device is still usable
+assert float(y.sum()) == 1024.0
+""")
+
+
+def test_record_stream_keeps_a_block_from_reuse_until_the_side_stream_is_done():
+    run_python(PRELUDE + """
+side = torch.cuda.Stream()
+x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+address = x.data_ptr()
+with torch.cuda.stream(side):
+    torch.cuda._sleep(1_000_000_000)   # keep the side stream busy (GPU cycles: about half a second)
+    x.add_(1)
+x.record_stream(side)
+del x
+assert torch.cuda.memory_stats()["active_bytes.all.current"] >= 64 << 20
+y = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+assert y.data_ptr() != address, "reused while the side stream may still write it"
+side.synchronize()
+del y
+z = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+assert custody.library().stats(0)["held_bytes"] == 0
+""")
+
+
+def test_empty_cache_returns_memory_to_the_device():
+    run_python(PRELUDE + """
+x = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+del x
+torch.cuda.synchronize()
+before = torch.cuda.mem_get_info()[0]
+assert torch.cuda.memory_reserved() >= 256 << 20
+torch.cuda.empty_cache()
+torch.cuda.synchronize()
+assert torch.cuda.memory_reserved() == 0
+assert torch.cuda.mem_get_info()[0] >= before + (256 << 20) - (2 << 20)
+""")
+
+
+def test_graph_capture_fails_loudly():
+    run_python(PRELUDE + """
+g = torch.cuda.CUDAGraph()
+x = torch.ones(16, device="cuda")
+try:
+    with torch.cuda.graph(g):
+        y = x * 2
+except custody.CustodyError as e:
+    assert "graph capture" in str(e), e
+else:
+    raise AssertionError("capture was accepted")
+""")
+
+
+def test_llama_prefill_and_decode_under_custody_with_tracking_by_owner():
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers is not installed")
+    run_python("""
+import torch, custody, custody.torch
+custody.torch.enable(tracking=True)
+from transformers import LlamaConfig, LlamaForCausalLM
+config = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+                     num_key_value_heads=4, vocab_size=1024, max_position_embeddings=512)
+with custody.torch.owner("weights"):
+    model = LlamaForCausalLM(config).to("cuda", torch.float16).eval()
+ids = torch.randint(0, 1024, (2, 64), device="cuda")
+with torch.no_grad():
+    with custody.torch.owner("prefill"):
+        out = model(ids, use_cache=True)
+    past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    for _ in range(16):
+        with custody.torch.owner("decode"):
+            out = model(token, past_key_values=past, use_cache=True)
+        past, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+snap = custody.torch.snapshot()
+assert snap.live_bytes("weights") > 0, snap.owners
+assert snap.live_bytes() > snap.live_bytes("weights"), snap.owners
+print(snap.owners)
+""")
+
+
+def test_the_worked_example_under_torchrun(tmp_path):
+    import shutil
+    import torch  # noqa: F401  (present: the module is not skipped)
+    if torch_device_count() < 2 or shutil.which("torchrun") is None:
+        pytest.skip("needs torchrun and two GPUs")
+    import subprocess
+    done = subprocess.run(["torchrun", "--nproc-per-node", "2", str(ROOT / "examples/python/find_leak_by_owner.py"),
+                           str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "rank 1: alarm: decode/kv_cache" in done.stdout
+
+
+def torch_device_count():
+    import torch
+    return torch.cuda.device_count()
