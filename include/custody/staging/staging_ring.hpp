@@ -19,6 +19,7 @@
 #include <custody/core/failure_callback.hpp>
 #include <custody/platform/platform.hpp>
 #include <custody/staging/detail/ring_index.hpp>
+#include <custody/staging/detail/ring_wait.hpp>
 #include <custody/staging/errors.hpp>
 #include <custody/staging/reservation.hpp>
 #include <custody/staging/ring_options.hpp>
@@ -29,7 +30,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -41,7 +41,6 @@
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -162,8 +161,8 @@ public:
     template <class T, class Rep, class Period>
     [[nodiscard]] reservation_type<T> reserve(std::size_t count, std::chrono::duration<Rep, Period> timeout) {
         const std::size_t bytes = request_bytes<T>(count);
-        const auto limit = clamp_timeout(timeout);
-        const auto [mode, deadline] = deadline_after(limit);
+        const auto limit = detail::clamp_timeout(timeout);
+        const auto [mode, deadline] = detail::deadline_after(limit);
         const auto p = acquire(bytes, alignof(T), mode, deadline, limit);
         return reservation_type<T>(this, p->slot, p->offset, std::span<T>(pointer<T>(p->offset), count));
     }
@@ -256,8 +255,8 @@ public:
     template <class T, class Rep, class Period>
     [[nodiscard]] ticket_type<T> stage(const T* source, std::size_t count, stream_type stream,
                                        std::chrono::duration<Rep, Period> timeout) {
-        const auto limit = clamp_timeout(timeout);
-        const auto [mode, deadline] = deadline_after(limit);
+        const auto limit = detail::clamp_timeout(timeout);
+        const auto [mode, deadline] = detail::deadline_after(limit);
         return stage_impl(source, count, stream, mode, deadline, limit);
     }
 
@@ -350,33 +349,14 @@ private:
     template <class T, class R>
     friend class ticket;
 
-    enum class wait_mode { never, block, until };
-    using time_point = std::chrono::steady_clock::time_point;
+    using wait_mode = detail::wait_mode;
+    using time_point = detail::time_point;
 
     /// The events of one device, one per region slot. Built once; read without the lock after.
     struct event_row {
         std::atomic<bool> built{false};
         std::vector<event_type> events;
     };
-
-    /// `timeout` in nanoseconds, saturating (std::chrono::duration::max() and the like wait forever).
-    /// Throws std::invalid_argument for a NaN timeout, which is neither long nor short.
-    template <class Rep, class Period>
-    static std::chrono::nanoseconds clamp_timeout(std::chrono::duration<Rep, Period> timeout) {
-        using limit_type = std::chrono::duration<long double, std::nano>;
-        const limit_type wanted = timeout;
-        if (std::isnan(wanted.count())) throw std::invalid_argument("custody: staging ring: the timeout is NaN");
-        if (wanted >= limit_type(std::chrono::nanoseconds::max())) return std::chrono::nanoseconds::max();
-        if (wanted <= limit_type(0)) return std::chrono::nanoseconds(0);
-        return std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
-    }
-
-    /// A deadline `limit` from now; timeouts too long to represent wait without one.
-    static std::pair<wait_mode, time_point> deadline_after(std::chrono::nanoseconds limit) {
-        const auto now = std::chrono::steady_clock::now();
-        if (limit > time_point::max() - now) return {wait_mode::block, time_point{}};
-        return {wait_mode::until, now + limit};
-    }
 
     static std::size_t checked_capacity(const ring_options& o) {
         if (o.capacity == 0) throw std::invalid_argument("custody: staging ring: zero capacity");
@@ -522,7 +502,7 @@ private:
                     lock.unlock();
                     bool completed = true;
                     try {
-                        completed = wait_event(event(device, slot), mode, deadline);
+                        completed = detail::wait_event(event(device, slot), mode, deadline);
                     } catch (...) {
                         lock.lock();
                         --index_.at(slot).pins;
@@ -554,23 +534,6 @@ private:
             done_waiting();
             throw;
         }
-    }
-
-    /// Waits for `e`: blocking, or polling with a growing back-off until `deadline`.
-    /// Returns whether it completed.
-    static bool wait_event(const event_type& e, wait_mode mode, time_point deadline) {
-        if (mode != wait_mode::until) {
-            e.synchronize();
-            return true;
-        }
-        auto pause = std::chrono::microseconds(1);
-        while (!e.ready()) {
-            const auto now = std::chrono::steady_clock::now();
-            if (now >= deadline) return false;
-            std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
-            pause = std::min(pause * 2, std::chrono::microseconds(200));
-        }
-        return true;
     }
 
     /// Gives a reserved region back unused; `by_caller`: counted as a cancellation.
