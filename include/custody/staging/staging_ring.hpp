@@ -18,6 +18,7 @@
 #include <custody/core/properties.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/platform/platform.hpp>
+#include <custody/staging/detail/event_table.hpp>
 #include <custody/staging/detail/ring_index.hpp>
 #include <custody/staging/detail/ring_wait.hpp>
 #include <custody/staging/errors.hpp>
@@ -28,14 +29,12 @@
 #include <gsl/assert>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <deque>
-#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -107,10 +106,9 @@ public:
           chunk_bytes_(options.chunk_bytes != 0
                            ? std::min(options.chunk_bytes, index_.capacity())
                            : std::clamp<std::size_t>(index_.capacity() / 4, 1, ring_options::default_chunk_limit)),
-          device_count_(platform_type::device_count()),
-          rows_(std::make_unique<event_row[]>(static_cast<std::size_t>(std::max(device_count_, 1)))) {
+          events_(index_.slot_count()) {
         if (options.devices.empty()) options.devices.push_back(platform_type::current_device());
-        for (const int d : options.devices) static_cast<void>(row(d)); // validates, creates events
+        for (const int d : options.devices) static_cast<void>(events_.row(d)); // validates, creates events
         base_ = static_cast<std::byte*>(upstream_.allocate_sync(index_.capacity(), alignment));
     }
 
@@ -352,12 +350,6 @@ private:
     using wait_mode = detail::wait_mode;
     using time_point = detail::time_point;
 
-    /// The events of one device, one per region slot. Built once; read without the lock after.
-    struct event_row {
-        std::atomic<bool> built{false};
-        std::vector<event_type> events;
-    };
-
     static std::size_t checked_capacity(const ring_options& o) {
         if (o.capacity == 0) throw std::invalid_argument("custody: staging ring: zero capacity");
         if (align_up_overflows(o.capacity, alignment)) throw std::length_error("custody: staging ring: capacity overflows");
@@ -404,24 +396,7 @@ private:
         }
     }
 
-    event_row& row(int device) {
-        if (device < 0 || device >= device_count_) {
-            throw std::invalid_argument("custody: staging ring: device " + std::to_string(device) + " does not exist");
-        }
-        event_row& r = rows_[static_cast<std::size_t>(device)];
-        if (!r.built.load(std::memory_order_acquire)) {
-            std::lock_guard lock(rows_mutex_);
-            if (!r.built.load(std::memory_order_relaxed)) {
-                std::vector<event_type> events;
-                events.reserve(index_.slot_count());
-                for (std::size_t i = 0; i < index_.slot_count(); ++i) events.emplace_back(device);
-                r.events = std::move(events);
-                r.built.store(true, std::memory_order_release);
-            }
-        }
-        return r;
-    }
-    event_type& event(int device, std::size_t slot) { return row(device).events[slot]; }
+    event_type& event(int device, std::size_t slot) { return events_.at(device, slot); }
 
     /// Runs `enqueue` then records `e` on `stream` under `device`. If recording fails after the
     /// copy was enqueued, waits for the stream so the region is not reused under the copy.
@@ -550,7 +525,7 @@ private:
         const std::size_t bytes = request_bytes<T>(count);
         if (source == nullptr) throw std::invalid_argument("custody: staging ring: null source");
         const int device = platform_type::stream_device(stream);
-        static_cast<void>(row(device)); // create the device's events before anything changes
+        static_cast<void>(events_.row(device)); // create the device's events before anything changes
         const auto p = acquire(bytes, alignof(T), mode, deadline, limit);
         if (!p) return {};
         T* staged = pointer<T>(p->offset);
@@ -599,9 +574,7 @@ private:
     std::condition_variable cv_;   ///< signalled when a region is committed, given back or released
     detail::ring_index index_;
     std::size_t chunk_bytes_;
-    int device_count_;
-    std::unique_ptr<event_row[]> rows_; ///< rows_[d] for each device d < device_count_
-    std::mutex rows_mutex_;             ///< serializes building a row
+    detail::event_table<platform_type> events_; ///< one event per region slot and device
     std::byte* base_ = nullptr;         ///< the region: capacity() bytes at `alignment`
     std::size_t waiting_ = 0;           ///< threads inside wait_for_room
     staging_statistics stats_;
