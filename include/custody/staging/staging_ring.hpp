@@ -18,6 +18,7 @@
 #include <custody/core/properties.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/platform/platform.hpp>
+#include <custody/staging/detail/chunked_copy.hpp>
 #include <custody/staging/detail/event_table.hpp>
 #include <custody/staging/detail/ring_index.hpp>
 #include <custody/staging/detail/ring_wait.hpp>
@@ -33,8 +34,6 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -221,14 +220,7 @@ public:
         static_assert(std::is_trivially_copyable_v<T>, "the ring copies bytes");
         if (source.empty()) throw std::invalid_argument("custody: staging ring: empty source");
         if (destination == nullptr) throw std::invalid_argument("custody: staging ring: null destination");
-        const std::size_t per_chunk = elements_per_chunk<T>();
-        for (std::size_t done = 0; done < source.size();) {
-            const std::size_t n = std::min(per_chunk, source.size() - done);
-            auto r = reserve<T>(n);
-            std::memcpy(r.data(), source.data() + done, n * sizeof(T));
-            commit(std::move(r), destination + done, stream);
-            done += n;
-        }
+        detail::copy_to_device_in_chunks(*this, source, destination, stream, elements_per_chunk<T>());
     }
 
     /// As copy_to_device(source, destination.data(), stream), after checking that `destination`
@@ -273,28 +265,7 @@ public:
         static_assert(std::is_trivially_copyable_v<T>, "the ring copies bytes");
         if (destination.empty()) throw std::invalid_argument("custody: staging ring: empty destination");
         if (source == nullptr) throw std::invalid_argument("custody: staging ring: null source");
-        const std::size_t per_chunk = elements_per_chunk<T>();
-        struct pending {
-            ticket_type<T> t;
-            std::size_t at;
-        };
-        std::deque<pending> in_flight;
-        const auto drain_one = [&] {
-            const std::span<const T> s = in_flight.front().t.wait();
-            std::memcpy(destination.data() + in_flight.front().at, s.data(), s.size_bytes());
-            in_flight.pop_front(); // releases the ticket
-        };
-        for (std::size_t done = 0; done < destination.size();) {
-            const std::size_t n = std::min(per_chunk, destination.size() - done);
-            ticket_type<T> t;
-            // Tickets held here keep their regions; drain them before waiting for room.
-            while (!(t = try_stage(source + done, n, stream)) && !in_flight.empty()) drain_one();
-            if (!t) t = stage(source + done, n, stream);
-            in_flight.push_back({std::move(t), done});
-            if (in_flight.size() >= 3) drain_one();
-            done += n;
-        }
-        while (!in_flight.empty()) drain_one();
+        detail::copy_from_device_in_chunks(*this, source, destination, stream, elements_per_chunk<T>());
     }
 
     /// Reclaims every region whose copy has completed, without waiting; returns how many.
