@@ -21,6 +21,7 @@
 #include <custody/staging/detail/chunked_copy.hpp>
 #include <custody/staging/detail/event_table.hpp>
 #include <custody/staging/detail/ring_index.hpp>
+#include <custody/staging/detail/ring_requests.hpp>
 #include <custody/staging/detail/ring_wait.hpp>
 #include <custody/staging/errors.hpp>
 #include <custody/staging/reservation.hpp>
@@ -38,7 +39,6 @@
 #include <optional>
 #include <span>
 #include <stdexcept>
-#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -101,7 +101,7 @@ public:
     /// does not exist; the upstream's out_of_memory if the region cannot be allocated.
     template <class... Args>
     explicit staging_ring(ring_options options, Args&&... upstream_args)
-        : upstream_(std::forward<Args>(upstream_args)...), index_(checked_capacity(options), checked_regions(options)),
+        : upstream_(std::forward<Args>(upstream_args)...), index_(detail::checked_capacity(options, alignment), detail::checked_regions(options)),
           chunk_bytes_(options.chunk_bytes != 0
                            ? std::min(options.chunk_bytes, index_.capacity())
                            : std::clamp<std::size_t>(index_.capacity() / 4, 1, ring_options::default_chunk_limit)),
@@ -206,7 +206,7 @@ public:
     template <class T>
     void commit(reservation_type<T>&& r, std::span<T> destination, stream_type stream) {
         check_reservation(r);
-        check_destination(destination.size(), r.size());
+        detail::check_destination(destination.size(), r.size());
         commit(std::move(r), destination.data(), stream);
     }
 
@@ -227,7 +227,7 @@ public:
     /// is large enough (std::invalid_argument otherwise, nothing enqueued).
     template <class T>
     void copy_to_device(std::span<const T> source, std::span<T> destination, stream_type stream) {
-        check_destination(destination.size(), source.size());
+        detail::check_destination(destination.size(), source.size());
         copy_to_device(source, destination.data(), stream);
     }
 
@@ -321,33 +321,13 @@ private:
     using wait_mode = detail::wait_mode;
     using time_point = detail::time_point;
 
-    static std::size_t checked_capacity(const ring_options& o) {
-        if (o.capacity == 0) throw std::invalid_argument("custody: staging ring: zero capacity");
-        if (align_up_overflows(o.capacity, alignment)) throw std::length_error("custody: staging ring: capacity overflows");
-        return align_up(o.capacity, alignment);
-    }
-    static std::size_t checked_regions(const ring_options& o) {
-        if (o.max_regions == 0) throw std::invalid_argument("custody: staging ring: zero regions");
-        return o.max_regions;
-    }
-
     template <class T>
     [[nodiscard]] std::size_t request_bytes(std::size_t count) const {
-        static_assert(std::is_trivially_copyable_v<T>, "the ring copies bytes");
-        static_assert(alignof(T) <= alignment, "element alignment above the ring's");
-        if (count == 0) throw std::invalid_argument("custody: staging ring: zero elements requested");
-        if (count > index_.capacity() / sizeof(T)) {
-            throw std::length_error("custody: staging ring: " + std::to_string(count) + " elements of " +
-                                    std::to_string(sizeof(T)) + " bytes exceed the ring's " +
-                                    std::to_string(index_.capacity()) + " bytes");
-        }
-        return count * sizeof(T);
+        return detail::request_bytes<T, alignment>(count, index_.capacity());
     }
-
     template <class T>
     [[nodiscard]] std::size_t elements_per_chunk() const {
-        if (sizeof(T) > index_.capacity()) throw std::length_error("custody: staging ring: element larger than the ring");
-        return std::max<std::size_t>(chunk_bytes_ / sizeof(T), 1);
+        return detail::elements_per_chunk<T>(index_.capacity(), chunk_bytes_);
     }
 
     template <class T>
@@ -359,12 +339,6 @@ private:
     void check_reservation(const reservation_type<T>& r) const {
         if (r.ring_ == nullptr) throw std::invalid_argument("custody: staging ring: empty reservation");
         if (r.ring_ != this) throw std::invalid_argument("custody: staging ring: reservation of another ring");
-    }
-    static void check_destination(std::size_t have, std::size_t need) {
-        if (have < need) {
-            throw std::invalid_argument("custody: staging ring: destination of " + std::to_string(have) +
-                                        " elements is smaller than the " + std::to_string(need) + " to copy");
-        }
     }
 
     event_type& event(int device, std::size_t slot) { return events_.at(device, slot); }
