@@ -2,14 +2,16 @@
 /// `staging_ring`: one pinned host region, allocated once, used as a ring of asynchronous copies to
 /// and from devices, bounded, with back-pressure.
 ///
-/// Map of this header:
-///   ring_options             capacity, number of regions, chunk size, devices whose events exist up front
-///   staging_statistics       bytes in use and in flight, waits and time spent waiting
-///   reservation<T, Ring>     a typed span of the ring handed to a producer, to fill then commit
-///   ticket<T, Ring>          a download staged into the ring; wait() gives a read-only span
-///   staging_ring<Upstream>   the ring
-///
-/// Errors are listed in staging/errors.hpp.
+/// Where the ring's parts live (staging_ring.hpp includes them all):
+///   staging/ring_options.hpp          ring_options, staging_statistics
+///   staging/reservation.hpp           reservation<T, Ring>: a typed span of the ring to fill, then commit
+///   staging/ticket.hpp                ticket<T, Ring>: a staged download; wait() gives a read-only span
+///   staging/errors.hpp                the errors
+///   staging/detail/ring_index.hpp     where regions go, which are live, in what order they come back
+///   staging/detail/ring_requests.hpp  the checks on options and requests
+///   staging/detail/ring_wait.hpp      wait modes, deadlines, waiting on one event
+///   staging/detail/event_table.hpp    one event per region slot and device
+///   staging/detail/chunked_copy.hpp   the loops of copy_to_device and copy_from_device
 #pragma once
 
 #include <custody/core/align.hpp>
