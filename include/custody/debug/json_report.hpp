@@ -110,16 +110,8 @@ inline void write_site(json::writer& w, const allocation_site& s) {
     w.end_object();
 }
 
-} // namespace detail
-
-/// The report as a JSON document: valid JSON (RFC 8259) in valid UTF-8 that passes
-/// docs/debug-report-schema.json, whatever bytes the names hold (each invalid UTF-8 sequence is
-/// written as U+FFFD). Deterministic: the same report gives the same text.
-[[nodiscard]] inline std::string to_json(const rank_report& r) {
-    detail::json::writer w;
-    w.begin_object();
-    w.field("schema", report_schema);
-    w.field("version", report_version);
+/// The report's "rank" member.
+inline void write_rank(json::writer& w, const rank_report& r) {
     w.key("rank");
     w.begin_object();
     w.field("rank", r.rank.rank);
@@ -127,10 +119,10 @@ inline void write_site(json::writer& w, const allocation_site& s) {
     w.field("world_size", r.rank.world_size);
     w.field("source", r.rank.source);
     w.end_object();
-    w.field("tracker", r.tracker);
-    w.field("platform", r.platform);
-    w.field("started_unix_ns", static_cast<std::int64_t>(r.started_unix_ns));
-    w.field("written_unix_ns", static_cast<std::int64_t>(r.written_unix_ns));
+}
+
+/// The report's "totals" member.
+inline void write_totals(json::writer& w, const rank_report& r) {
     w.key("totals");
     w.begin_object();
     w.field("live_bytes", static_cast<std::uint64_t>(r.totals.live_bytes));
@@ -140,6 +132,10 @@ inline void write_site(json::writer& w, const allocation_site& s) {
     w.field("allocations", r.totals.allocations);
     w.field("deallocations", r.totals.deallocations);
     w.end_object();
+}
+
+/// The report's "owners" member.
+inline void write_owners(json::writer& w, const rank_report& r) {
     w.key("owners");
     w.begin_array();
     for (const auto& o : r.owners) {
@@ -151,6 +147,10 @@ inline void write_site(json::writer& w, const allocation_site& s) {
         w.end_object();
     }
     w.end_array();
+}
+
+/// The report's "devices" member.
+inline void write_devices(json::writer& w, const rank_report& r) {
     w.key("devices");
     w.begin_array();
     for (const auto& d : r.devices) {
@@ -161,6 +161,10 @@ inline void write_site(json::writer& w, const allocation_site& s) {
         w.end_object();
     }
     w.end_array();
+}
+
+/// The report's "live" member: the totals and the groups of live blocks.
+inline void write_live(json::writer& w, const rank_report& r) {
     w.key("live");
     w.begin_object();
     w.field("total_bytes", static_cast<std::uint64_t>(r.live.total_bytes));
@@ -185,6 +189,10 @@ inline void write_site(json::writer& w, const allocation_site& s) {
     }
     w.end_array();
     w.end_object();
+}
+
+/// The report's "violations" member.
+inline void write_violations(json::writer& w, const rank_report& r) {
     w.key("violations");
     w.begin_array();
     for (const auto& v : r.violations) {
@@ -195,27 +203,54 @@ inline void write_site(json::writer& w, const allocation_site& s) {
         w.field("other_tracker", v.other_tracker);
         w.field("detail", v.detail);
         w.key("allocated");
-        if (v.has_allocated) detail::write_site(w, v.allocated);
+        if (v.has_allocated) write_site(w, v.allocated);
         else w.null();
         w.key("first_free");
-        if (v.has_first_free) detail::write_site(w, v.first_free);
+        if (v.has_first_free) write_site(w, v.first_free);
         else w.null();
         w.key("freed");
-        if (v.kind != violation_kind::leak) detail::write_site(w, v.freed);
+        if (v.kind != violation_kind::leak) write_site(w, v.freed);
         else w.null();
         w.end_object();
     }
     w.end_array();
+}
+
+/// The report's "timeline" member.
+inline void write_timeline(json::writer& w, const rank_report& r) {
     w.key("timeline");
     w.begin_array();
     for (const auto& s : r.timeline) {
         w.begin_object();
         w.field("unix_ns", static_cast<std::int64_t>(s.unix_ns));
         w.key("owners");
-        detail::write_sample_owners(w, s);
+        write_sample_owners(w, s);
         w.end_object();
     }
     w.end_array();
+}
+
+} // namespace detail
+
+/// The report as a JSON document: valid JSON (RFC 8259) in valid UTF-8 that passes
+/// docs/debug-report-schema.json, whatever bytes the names hold (each invalid UTF-8 sequence is
+/// written as U+FFFD). Deterministic: the same report gives the same text.
+[[nodiscard]] inline std::string to_json(const rank_report& r) {
+    detail::json::writer w;
+    w.begin_object();
+    w.field("schema", report_schema);
+    w.field("version", report_version);
+    detail::write_rank(w, r);
+    w.field("tracker", r.tracker);
+    w.field("platform", r.platform);
+    w.field("started_unix_ns", static_cast<std::int64_t>(r.started_unix_ns));
+    w.field("written_unix_ns", static_cast<std::int64_t>(r.written_unix_ns));
+    detail::write_totals(w, r);
+    detail::write_owners(w, r);
+    detail::write_devices(w, r);
+    detail::write_live(w, r);
+    detail::write_violations(w, r);
+    detail::write_timeline(w, r);
     w.end_object();
     std::string text = w.take();
     text += '\n';
