@@ -355,30 +355,8 @@ inline std::string read_file(const std::string& path) {
     return text;
 }
 
-} // namespace detail
-
-/// Reads a report from JSON text. `file` only names it in errors. Reads what the merge tool needs:
-/// rank, tracker, platform, times, totals, owners, devices, live groups, violation kinds and
-/// details, and the timeline. Integers read exactly, each within its field's range (an int field
-/// within int, a count within size_t, the schema's minimums). Throws report_error (truncated or
-/// malformed), naming the field for a wrong one.
-[[nodiscard]] inline rank_report parse_rank_report(std::string_view text, const std::string& file = {}) {
-    namespace json = detail::json;
-    json::value doc;
-    try {
-        doc = json::parse(text);
-    } catch (const json::parse_error& e) {
-        throw report_error(e.truncated() ? report_error::reason::truncated : report_error::reason::malformed, file,
-                           e.what());
-    }
-    const detail::field_reader f(file);
-    constexpr int int_max = std::numeric_limits<int>::max();
-    if (!doc.is_object()) f.fail("the document is not an object");
-    if (f.string(doc, "schema", "report") != report_schema) f.fail("not a custody rank report (schema)");
-    if (const auto version = f.integer<std::int64_t>(doc, "version", "report"); version != report_version) {
-        f.fail("version " + std::to_string(version) + " is not the supported version " + std::to_string(report_version));
-    }
-    rank_report r;
+/// Reads the report's "rank" member into r.rank; a rank not below the world size is malformed.
+inline void read_rank(const field_reader& f, const json::value& doc, rank_report& r) {
     const json::value& rank = f.member(doc, "rank", "report");
     r.rank.rank = f.integer<int>(rank, "rank", "rank", 0);
     r.rank.local_rank = f.integer<int>(rank, "local_rank", "rank", 0);
@@ -388,13 +366,10 @@ inline std::string read_file(const std::string& path) {
         f.fail("rank.rank " + std::to_string(r.rank.rank) + " of " + std::to_string(r.rank.world_size) +
                " is impossible");
     }
-    r.tracker = f.string(doc, "tracker", "report");
-    r.platform = f.string(doc, "platform", "report");
-    if (r.platform != "host" && r.platform != "cuda") {
-        f.fail("report.platform '" + json::excerpt(r.platform) + "' is neither 'host' nor 'cuda'");
-    }
-    r.started_unix_ns = f.integer<std::int64_t>(doc, "started_unix_ns", "report");
-    r.written_unix_ns = f.integer<std::int64_t>(doc, "written_unix_ns", "report");
+}
+
+/// Reads the report's "totals" member into r.totals.
+inline void read_totals(const field_reader& f, const json::value& doc, rank_report& r) {
     const json::value& totals = f.member(doc, "totals", "report");
     r.totals.live_bytes = f.count(totals, "live_bytes", "totals");
     r.totals.peak_live_bytes = f.count(totals, "peak_live_bytes", "totals");
@@ -402,14 +377,11 @@ inline std::string read_file(const std::string& path) {
     r.totals.live_allocations = f.count(totals, "live_allocations", "totals");
     r.totals.allocations = f.integer<std::uint64_t>(totals, "allocations", "totals");
     r.totals.deallocations = f.integer<std::uint64_t>(totals, "deallocations", "totals");
-    for (const json::value& o : f.array(doc, "owners", "report")) {
-        r.owners.push_back(owner_usage{f.string(o, "owner", "owners[]"), f.count(o, "live_bytes", "owners[]"),
-                                       f.count(o, "live_count", "owners[]"), f.count(o, "peak_bytes", "owners[]")});
-    }
-    for (const json::value& d : f.array(doc, "devices", "report")) {
-        r.devices.push_back(device_usage{f.integer<int>(d, "device", "devices[]", -1),
-                                         f.count(d, "live_bytes", "devices[]"), f.count(d, "live_count", "devices[]")});
-    }
+}
+
+/// Reads the report's "live" member into r.live (after read_rank: it takes r.rank.rank).
+inline void read_live(const field_reader& f, const json::value& doc, rank_report& r) {
+    constexpr int int_max = std::numeric_limits<int>::max();
     const json::value& live = f.member(doc, "live", "report");
     r.live.rank = r.rank.rank;
     r.live.total_bytes = f.count(live, "total_bytes", "live");
@@ -429,6 +401,10 @@ inline std::string read_file(const std::string& path) {
         }
         r.live.groups.push_back(std::move(lg));
     }
+}
+
+/// Reads the report's "violations" member: each kind, tracker and detail.
+inline void read_violations(const field_reader& f, const json::value& doc, rank_report& r) {
     for (const json::value& v : f.array(doc, "violations", "report")) {
         violation x;
         const std::string& kind = f.string(v, "kind", "violations[]");
@@ -444,6 +420,10 @@ inline std::string read_file(const std::string& path) {
         x.detail = f.string(v, "detail", "violations[]");
         r.violations.push_back(std::move(x));
     }
+}
+
+/// Reads the report's "timeline" member.
+inline void read_timeline(const field_reader& f, const json::value& doc, rank_report& r) {
     for (const json::value& s : f.array(doc, "timeline", "report")) {
         timeline_sample t;
         t.unix_ns = f.integer<std::int64_t>(s, "unix_ns", "timeline[]");
@@ -454,6 +434,51 @@ inline std::string read_file(const std::string& path) {
         }
         r.timeline.push_back(std::move(t));
     }
+}
+
+} // namespace detail
+
+/// Reads a report from JSON text. `file` only names it in errors. Reads what the merge tool needs:
+/// rank, tracker, platform, times, totals, owners, devices, live groups, violation kinds and
+/// details, and the timeline. Integers read exactly, each within its field's range (an int field
+/// within int, a count within size_t, the schema's minimums). Throws report_error (truncated or
+/// malformed), naming the field for a wrong one.
+[[nodiscard]] inline rank_report parse_rank_report(std::string_view text, const std::string& file = {}) {
+    namespace json = detail::json;
+    json::value doc;
+    try {
+        doc = json::parse(text);
+    } catch (const json::parse_error& e) {
+        throw report_error(e.truncated() ? report_error::reason::truncated : report_error::reason::malformed, file,
+                           e.what());
+    }
+    const detail::field_reader f(file);
+    if (!doc.is_object()) f.fail("the document is not an object");
+    if (f.string(doc, "schema", "report") != report_schema) f.fail("not a custody rank report (schema)");
+    if (const auto version = f.integer<std::int64_t>(doc, "version", "report"); version != report_version) {
+        f.fail("version " + std::to_string(version) + " is not the supported version " + std::to_string(report_version));
+    }
+    rank_report r;
+    detail::read_rank(f, doc, r);
+    r.tracker = f.string(doc, "tracker", "report");
+    r.platform = f.string(doc, "platform", "report");
+    if (r.platform != "host" && r.platform != "cuda") {
+        f.fail("report.platform '" + json::excerpt(r.platform) + "' is neither 'host' nor 'cuda'");
+    }
+    r.started_unix_ns = f.integer<std::int64_t>(doc, "started_unix_ns", "report");
+    r.written_unix_ns = f.integer<std::int64_t>(doc, "written_unix_ns", "report");
+    detail::read_totals(f, doc, r);
+    for (const json::value& o : f.array(doc, "owners", "report")) {
+        r.owners.push_back(owner_usage{f.string(o, "owner", "owners[]"), f.count(o, "live_bytes", "owners[]"),
+                                       f.count(o, "live_count", "owners[]"), f.count(o, "peak_bytes", "owners[]")});
+    }
+    for (const json::value& d : f.array(doc, "devices", "report")) {
+        r.devices.push_back(device_usage{f.integer<int>(d, "device", "devices[]", -1),
+                                         f.count(d, "live_bytes", "devices[]"), f.count(d, "live_count", "devices[]")});
+    }
+    detail::read_live(f, doc, r);
+    detail::read_violations(f, doc, r);
+    detail::read_timeline(f, doc, r);
     return r;
 }
 
