@@ -110,16 +110,8 @@ inline void write_site(json::writer& w, const allocation_site& s) {
     w.end_object();
 }
 
-} // namespace detail
-
-/// The report as a JSON document: valid JSON (RFC 8259) in valid UTF-8 that passes
-/// docs/debug-report-schema.json, whatever bytes the names hold (each invalid UTF-8 sequence is
-/// written as U+FFFD). Deterministic: the same report gives the same text.
-[[nodiscard]] inline std::string to_json(const rank_report& r) {
-    detail::json::writer w;
-    w.begin_object();
-    w.field("schema", report_schema);
-    w.field("version", report_version);
+/// The report's "rank" member.
+inline void write_rank(json::writer& w, const rank_report& r) {
     w.key("rank");
     w.begin_object();
     w.field("rank", r.rank.rank);
@@ -127,10 +119,10 @@ inline void write_site(json::writer& w, const allocation_site& s) {
     w.field("world_size", r.rank.world_size);
     w.field("source", r.rank.source);
     w.end_object();
-    w.field("tracker", r.tracker);
-    w.field("platform", r.platform);
-    w.field("started_unix_ns", static_cast<std::int64_t>(r.started_unix_ns));
-    w.field("written_unix_ns", static_cast<std::int64_t>(r.written_unix_ns));
+}
+
+/// The report's "totals" member.
+inline void write_totals(json::writer& w, const rank_report& r) {
     w.key("totals");
     w.begin_object();
     w.field("live_bytes", static_cast<std::uint64_t>(r.totals.live_bytes));
@@ -140,6 +132,10 @@ inline void write_site(json::writer& w, const allocation_site& s) {
     w.field("allocations", r.totals.allocations);
     w.field("deallocations", r.totals.deallocations);
     w.end_object();
+}
+
+/// The report's "owners" member.
+inline void write_owners(json::writer& w, const rank_report& r) {
     w.key("owners");
     w.begin_array();
     for (const auto& o : r.owners) {
@@ -151,6 +147,10 @@ inline void write_site(json::writer& w, const allocation_site& s) {
         w.end_object();
     }
     w.end_array();
+}
+
+/// The report's "devices" member.
+inline void write_devices(json::writer& w, const rank_report& r) {
     w.key("devices");
     w.begin_array();
     for (const auto& d : r.devices) {
@@ -161,6 +161,10 @@ inline void write_site(json::writer& w, const allocation_site& s) {
         w.end_object();
     }
     w.end_array();
+}
+
+/// The report's "live" member: the totals and the groups of live blocks.
+inline void write_live(json::writer& w, const rank_report& r) {
     w.key("live");
     w.begin_object();
     w.field("total_bytes", static_cast<std::uint64_t>(r.live.total_bytes));
@@ -185,6 +189,10 @@ inline void write_site(json::writer& w, const allocation_site& s) {
     }
     w.end_array();
     w.end_object();
+}
+
+/// The report's "violations" member.
+inline void write_violations(json::writer& w, const rank_report& r) {
     w.key("violations");
     w.begin_array();
     for (const auto& v : r.violations) {
@@ -195,27 +203,54 @@ inline void write_site(json::writer& w, const allocation_site& s) {
         w.field("other_tracker", v.other_tracker);
         w.field("detail", v.detail);
         w.key("allocated");
-        if (v.has_allocated) detail::write_site(w, v.allocated);
+        if (v.has_allocated) write_site(w, v.allocated);
         else w.null();
         w.key("first_free");
-        if (v.has_first_free) detail::write_site(w, v.first_free);
+        if (v.has_first_free) write_site(w, v.first_free);
         else w.null();
         w.key("freed");
-        if (v.kind != violation_kind::leak) detail::write_site(w, v.freed);
+        if (v.kind != violation_kind::leak) write_site(w, v.freed);
         else w.null();
         w.end_object();
     }
     w.end_array();
+}
+
+/// The report's "timeline" member.
+inline void write_timeline(json::writer& w, const rank_report& r) {
     w.key("timeline");
     w.begin_array();
     for (const auto& s : r.timeline) {
         w.begin_object();
         w.field("unix_ns", static_cast<std::int64_t>(s.unix_ns));
         w.key("owners");
-        detail::write_sample_owners(w, s);
+        write_sample_owners(w, s);
         w.end_object();
     }
     w.end_array();
+}
+
+} // namespace detail
+
+/// The report as a JSON document: valid JSON (RFC 8259) in valid UTF-8 that passes
+/// docs/debug-report-schema.json, whatever bytes the names hold (each invalid UTF-8 sequence is
+/// written as U+FFFD). Deterministic: the same report gives the same text.
+[[nodiscard]] inline std::string to_json(const rank_report& r) {
+    detail::json::writer w;
+    w.begin_object();
+    w.field("schema", report_schema);
+    w.field("version", report_version);
+    detail::write_rank(w, r);
+    w.field("tracker", r.tracker);
+    w.field("platform", r.platform);
+    w.field("started_unix_ns", static_cast<std::int64_t>(r.started_unix_ns));
+    w.field("written_unix_ns", static_cast<std::int64_t>(r.written_unix_ns));
+    detail::write_totals(w, r);
+    detail::write_owners(w, r);
+    detail::write_devices(w, r);
+    detail::write_live(w, r);
+    detail::write_violations(w, r);
+    detail::write_timeline(w, r);
     w.end_object();
     std::string text = w.take();
     text += '\n';
@@ -320,30 +355,8 @@ inline std::string read_file(const std::string& path) {
     return text;
 }
 
-} // namespace detail
-
-/// Reads a report from JSON text. `file` only names it in errors. Reads what the merge tool needs:
-/// rank, tracker, platform, times, totals, owners, devices, live groups, violation kinds and
-/// details, and the timeline. Integers read exactly, each within its field's range (an int field
-/// within int, a count within size_t, the schema's minimums). Throws report_error (truncated or
-/// malformed), naming the field for a wrong one.
-[[nodiscard]] inline rank_report parse_rank_report(std::string_view text, const std::string& file = {}) {
-    namespace json = detail::json;
-    json::value doc;
-    try {
-        doc = json::parse(text);
-    } catch (const json::parse_error& e) {
-        throw report_error(e.truncated() ? report_error::reason::truncated : report_error::reason::malformed, file,
-                           e.what());
-    }
-    const detail::field_reader f(file);
-    constexpr int int_max = std::numeric_limits<int>::max();
-    if (!doc.is_object()) f.fail("the document is not an object");
-    if (f.string(doc, "schema", "report") != report_schema) f.fail("not a custody rank report (schema)");
-    if (const auto version = f.integer<std::int64_t>(doc, "version", "report"); version != report_version) {
-        f.fail("version " + std::to_string(version) + " is not the supported version " + std::to_string(report_version));
-    }
-    rank_report r;
+/// Reads the report's "rank" member into r.rank; a rank not below the world size is malformed.
+inline void read_rank(const field_reader& f, const json::value& doc, rank_report& r) {
     const json::value& rank = f.member(doc, "rank", "report");
     r.rank.rank = f.integer<int>(rank, "rank", "rank", 0);
     r.rank.local_rank = f.integer<int>(rank, "local_rank", "rank", 0);
@@ -353,13 +366,10 @@ inline std::string read_file(const std::string& path) {
         f.fail("rank.rank " + std::to_string(r.rank.rank) + " of " + std::to_string(r.rank.world_size) +
                " is impossible");
     }
-    r.tracker = f.string(doc, "tracker", "report");
-    r.platform = f.string(doc, "platform", "report");
-    if (r.platform != "host" && r.platform != "cuda") {
-        f.fail("report.platform '" + json::excerpt(r.platform) + "' is neither 'host' nor 'cuda'");
-    }
-    r.started_unix_ns = f.integer<std::int64_t>(doc, "started_unix_ns", "report");
-    r.written_unix_ns = f.integer<std::int64_t>(doc, "written_unix_ns", "report");
+}
+
+/// Reads the report's "totals" member into r.totals.
+inline void read_totals(const field_reader& f, const json::value& doc, rank_report& r) {
     const json::value& totals = f.member(doc, "totals", "report");
     r.totals.live_bytes = f.count(totals, "live_bytes", "totals");
     r.totals.peak_live_bytes = f.count(totals, "peak_live_bytes", "totals");
@@ -367,14 +377,11 @@ inline std::string read_file(const std::string& path) {
     r.totals.live_allocations = f.count(totals, "live_allocations", "totals");
     r.totals.allocations = f.integer<std::uint64_t>(totals, "allocations", "totals");
     r.totals.deallocations = f.integer<std::uint64_t>(totals, "deallocations", "totals");
-    for (const json::value& o : f.array(doc, "owners", "report")) {
-        r.owners.push_back(owner_usage{f.string(o, "owner", "owners[]"), f.count(o, "live_bytes", "owners[]"),
-                                       f.count(o, "live_count", "owners[]"), f.count(o, "peak_bytes", "owners[]")});
-    }
-    for (const json::value& d : f.array(doc, "devices", "report")) {
-        r.devices.push_back(device_usage{f.integer<int>(d, "device", "devices[]", -1),
-                                         f.count(d, "live_bytes", "devices[]"), f.count(d, "live_count", "devices[]")});
-    }
+}
+
+/// Reads the report's "live" member into r.live (after read_rank: it takes r.rank.rank).
+inline void read_live(const field_reader& f, const json::value& doc, rank_report& r) {
+    constexpr int int_max = std::numeric_limits<int>::max();
     const json::value& live = f.member(doc, "live", "report");
     r.live.rank = r.rank.rank;
     r.live.total_bytes = f.count(live, "total_bytes", "live");
@@ -394,6 +401,10 @@ inline std::string read_file(const std::string& path) {
         }
         r.live.groups.push_back(std::move(lg));
     }
+}
+
+/// Reads the report's "violations" member: each kind, tracker and detail.
+inline void read_violations(const field_reader& f, const json::value& doc, rank_report& r) {
     for (const json::value& v : f.array(doc, "violations", "report")) {
         violation x;
         const std::string& kind = f.string(v, "kind", "violations[]");
@@ -409,6 +420,10 @@ inline std::string read_file(const std::string& path) {
         x.detail = f.string(v, "detail", "violations[]");
         r.violations.push_back(std::move(x));
     }
+}
+
+/// Reads the report's "timeline" member.
+inline void read_timeline(const field_reader& f, const json::value& doc, rank_report& r) {
     for (const json::value& s : f.array(doc, "timeline", "report")) {
         timeline_sample t;
         t.unix_ns = f.integer<std::int64_t>(s, "unix_ns", "timeline[]");
@@ -419,6 +434,51 @@ inline std::string read_file(const std::string& path) {
         }
         r.timeline.push_back(std::move(t));
     }
+}
+
+} // namespace detail
+
+/// Reads a report from JSON text. `file` only names it in errors. Reads what the merge tool needs:
+/// rank, tracker, platform, times, totals, owners, devices, live groups, violation kinds and
+/// details, and the timeline. Integers read exactly, each within its field's range (an int field
+/// within int, a count within size_t, the schema's minimums). Throws report_error (truncated or
+/// malformed), naming the field for a wrong one.
+[[nodiscard]] inline rank_report parse_rank_report(std::string_view text, const std::string& file = {}) {
+    namespace json = detail::json;
+    json::value doc;
+    try {
+        doc = json::parse(text);
+    } catch (const json::parse_error& e) {
+        throw report_error(e.truncated() ? report_error::reason::truncated : report_error::reason::malformed, file,
+                           e.what());
+    }
+    const detail::field_reader f(file);
+    if (!doc.is_object()) f.fail("the document is not an object");
+    if (f.string(doc, "schema", "report") != report_schema) f.fail("not a custody rank report (schema)");
+    if (const auto version = f.integer<std::int64_t>(doc, "version", "report"); version != report_version) {
+        f.fail("version " + std::to_string(version) + " is not the supported version " + std::to_string(report_version));
+    }
+    rank_report r;
+    detail::read_rank(f, doc, r);
+    r.tracker = f.string(doc, "tracker", "report");
+    r.platform = f.string(doc, "platform", "report");
+    if (r.platform != "host" && r.platform != "cuda") {
+        f.fail("report.platform '" + json::excerpt(r.platform) + "' is neither 'host' nor 'cuda'");
+    }
+    r.started_unix_ns = f.integer<std::int64_t>(doc, "started_unix_ns", "report");
+    r.written_unix_ns = f.integer<std::int64_t>(doc, "written_unix_ns", "report");
+    detail::read_totals(f, doc, r);
+    for (const json::value& o : f.array(doc, "owners", "report")) {
+        r.owners.push_back(owner_usage{f.string(o, "owner", "owners[]"), f.count(o, "live_bytes", "owners[]"),
+                                       f.count(o, "live_count", "owners[]"), f.count(o, "peak_bytes", "owners[]")});
+    }
+    for (const json::value& d : f.array(doc, "devices", "report")) {
+        r.devices.push_back(device_usage{f.integer<int>(d, "device", "devices[]", -1),
+                                         f.count(d, "live_bytes", "devices[]"), f.count(d, "live_count", "devices[]")});
+    }
+    detail::read_live(f, doc, r);
+    detail::read_violations(f, doc, r);
+    detail::read_timeline(f, doc, r);
     return r;
 }
 

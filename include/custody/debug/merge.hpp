@@ -204,6 +204,80 @@ namespace detail {
     return static_cast<double>(static_cast<std::uint64_t>(t) - static_cast<std::uint64_t>(origin)) / 1000.0;
 }
 
+/// The origin of a Perfetto trace: the earliest start or sample of `reports` (INT64_MAX for none).
+[[nodiscard]] inline std::int64_t perfetto_origin(const std::vector<rank_report>& reports) noexcept {
+    std::int64_t origin = INT64_MAX;
+    for (const auto& r : reports) {
+        origin = std::min(origin, r.started_unix_ns);
+        for (const auto& s : r.timeline) origin = std::min(origin, s.unix_ns);
+    }
+    return origin;
+}
+
+/// A metadata event naming or ordering a rank's process: {"name": what, "ph": "M", ..., "args": {key: value}}.
+template <class Value>
+void perfetto_metadata(json::writer& w, const char* what, std::int64_t pid, const char* key, const Value& value) {
+    w.begin_object();
+    w.field("name", what);
+    w.field("ph", "M");
+    w.field("pid", pid);
+    w.field("tid", 0);
+    w.key("args");
+    w.begin_object();
+    w.field(key, value);
+    w.end_object();
+    w.end_object();
+}
+
+/// A counter event: `owner`'s track of process `pid` holds `bytes` from `ts` (microseconds).
+inline void perfetto_counter(json::writer& w, std::string_view owner, std::int64_t pid, double ts, std::size_t bytes) {
+    w.begin_object();
+    w.field("name", owner);
+    w.field("ph", "C");
+    w.field("pid", pid);
+    w.field("tid", 0);
+    w.field("ts", ts);
+    w.key("args");
+    w.begin_object();
+    w.field("live_bytes", static_cast<std::uint64_t>(bytes));
+    w.end_object();
+    w.end_object();
+}
+
+/// The counter events of one rank's timeline: a value for each owner a sample holds, and one 0 at
+/// the first sample after one that held an owner now gone.
+inline void write_perfetto_counters(json::writer& w, const rank_report& r, std::int64_t pid, std::int64_t origin) {
+    // Owner names of this rank as small numbers; written[id] = k + 1 once sample k gave the
+    // owner an event.
+    std::unordered_map<std::string_view, std::size_t> ids;
+    std::vector<std::string_view> names;  // [id]
+    std::vector<std::size_t> written;     // [id]
+    std::vector<std::size_t> before; // the ids the previous sample held
+    std::vector<std::size_t> now;
+    for (std::size_t k = 0; k < r.timeline.size(); ++k) {
+        const timeline_sample& s = r.timeline[k];
+        const double ts = microseconds_between(origin, s.unix_ns);
+        now.clear();
+        for (const auto& [o, bytes] : s.owners) {
+            const auto [it, added] = ids.try_emplace(o, names.size());
+            if (added) {
+                names.push_back(o);
+                written.push_back(0);
+            }
+            written[it->second] = k + 1;
+            now.push_back(it->second);
+            perfetto_counter(w, o, pid, ts, bytes);
+        }
+        for (const std::size_t id : before) {
+            if (written[id] != k + 1) {
+                perfetto_counter(w, names[id], pid, ts, 0);
+                written[id] = k + 1; // one 0, even if the previous sample named it twice
+            }
+        }
+        std::swap(before, now);
+    }
+}
+
 } // namespace detail
 
 /// A Chrome/Perfetto trace (JSON object format): process rank+1 named "rank R", a counter track
@@ -215,75 +289,17 @@ namespace detail {
 /// Complexity: O(n) in the timelines' entries (expected, hashing owner names); at most two events
 /// per entry.
 [[nodiscard]] inline std::string to_perfetto_trace(const std::vector<rank_report>& reports) {
-    std::int64_t origin = INT64_MAX;
-    for (const auto& r : reports) {
-        origin = std::min(origin, r.started_unix_ns);
-        for (const auto& s : r.timeline) origin = std::min(origin, s.unix_ns);
-    }
+    const std::int64_t origin = detail::perfetto_origin(reports);
     detail::json::writer w;
     w.begin_object();
     w.field("displayTimeUnit", "ms");
     w.key("traceEvents");
     w.begin_array();
-    // A metadata event naming or ordering a rank's process: {"name": what, "ph": "M", ..., "args": {key: value}}.
-    const auto metadata = [&w](const char* what, std::int64_t pid, const char* key, const auto& value) {
-        w.begin_object();
-        w.field("name", what);
-        w.field("ph", "M");
-        w.field("pid", pid);
-        w.field("tid", 0);
-        w.key("args");
-        w.begin_object();
-        w.field(key, value);
-        w.end_object();
-        w.end_object();
-    };
-    const auto counter = [&w](std::string_view owner, std::int64_t pid, double ts, std::size_t bytes) {
-        w.begin_object();
-        w.field("name", owner);
-        w.field("ph", "C");
-        w.field("pid", pid);
-        w.field("tid", 0);
-        w.field("ts", ts);
-        w.key("args");
-        w.begin_object();
-        w.field("live_bytes", static_cast<std::uint64_t>(bytes));
-        w.end_object();
-        w.end_object();
-    };
     for (const auto& r : reports) {
         const std::int64_t pid = std::int64_t{r.rank.rank} + 1;
-        metadata("process_name", pid, "name", "rank " + std::to_string(r.rank.rank));
-        metadata("process_sort_index", pid, "sort_index", r.rank.rank);
-        // Owner names of this rank as small numbers; written[id] = k + 1 once sample k gave the
-        // owner an event.
-        std::unordered_map<std::string_view, std::size_t> ids;
-        std::vector<std::string_view> names;  // [id]
-        std::vector<std::size_t> written;     // [id]
-        std::vector<std::size_t> before; // the ids the previous sample held
-        std::vector<std::size_t> now;
-        for (std::size_t k = 0; k < r.timeline.size(); ++k) {
-            const timeline_sample& s = r.timeline[k];
-            const double ts = detail::microseconds_between(origin, s.unix_ns);
-            now.clear();
-            for (const auto& [o, bytes] : s.owners) {
-                const auto [it, added] = ids.try_emplace(o, names.size());
-                if (added) {
-                    names.push_back(o);
-                    written.push_back(0);
-                }
-                written[it->second] = k + 1;
-                now.push_back(it->second);
-                counter(o, pid, ts, bytes);
-            }
-            for (const std::size_t id : before) {
-                if (written[id] != k + 1) {
-                    counter(names[id], pid, ts, 0);
-                    written[id] = k + 1; // one 0, even if the previous sample named it twice
-                }
-            }
-            std::swap(before, now);
-        }
+        detail::perfetto_metadata(w, "process_name", pid, "name", "rank " + std::to_string(r.rank.rank));
+        detail::perfetto_metadata(w, "process_sort_index", pid, "sort_index", r.rank.rank);
+        detail::write_perfetto_counters(w, r, pid, origin);
     }
     w.end_array();
     w.end_object();

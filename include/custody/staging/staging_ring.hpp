@@ -2,14 +2,16 @@
 /// `staging_ring`: one pinned host region, allocated once, used as a ring of asynchronous copies to
 /// and from devices, bounded, with back-pressure.
 ///
-/// Map of this header:
-///   ring_options             capacity, number of regions, chunk size, devices whose events exist up front
-///   staging_statistics       bytes in use and in flight, waits and time spent waiting
-///   reservation<T, Ring>     a typed span of the ring handed to a producer, to fill then commit
-///   ticket<T, Ring>          a download staged into the ring; wait() gives a read-only span
-///   staging_ring<Upstream>   the ring
-///
-/// Errors are listed in staging/errors.hpp.
+/// Where the ring's parts live (staging_ring.hpp includes them all):
+///   staging/ring_options.hpp          ring_options, staging_statistics
+///   staging/reservation.hpp           reservation<T, Ring>: a typed span of the ring to fill, then commit
+///   staging/ticket.hpp                ticket<T, Ring>: a staged download; wait() gives a read-only span
+///   staging/errors.hpp                the errors
+///   staging/detail/ring_index.hpp     where regions go, which are live, in what order they come back
+///   staging/detail/ring_requests.hpp  the checks on options and requests
+///   staging/detail/ring_wait.hpp      wait modes, deadlines, waiting on one event
+///   staging/detail/event_table.hpp    one event per region slot and device
+///   staging/detail/chunked_copy.hpp   the loops of copy_to_device and copy_from_device
 #pragma once
 
 #include <custody/core/align.hpp>
@@ -18,190 +20,32 @@
 #include <custody/core/properties.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/platform/platform.hpp>
+#include <custody/staging/detail/chunked_copy.hpp>
+#include <custody/staging/detail/event_table.hpp>
 #include <custody/staging/detail/ring_index.hpp>
+#include <custody/staging/detail/ring_requests.hpp>
+#include <custody/staging/detail/ring_wait.hpp>
 #include <custody/staging/errors.hpp>
+#include <custody/staging/reservation.hpp>
+#include <custody/staging/ring_options.hpp>
+#include <custody/staging/ticket.hpp>
 
 #include <gsl/assert>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <deque>
-#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <stdexcept>
-#include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace custody::staging {
-
-/// How a staging ring is laid out. Plain value, copied into the ring.
-struct ring_options {
-    /// Bytes of pinned memory, allocated once; rounded up to a multiple of the ring's alignment (256).
-    std::size_t capacity = std::size_t{64} << 20;
-    /// Regions that may be live at once (reserved, in flight or held). One event per region and
-    /// device is created up front; a producer past this count waits as for bytes.
-    std::size_t max_regions = 64;
-    /// Chunk that copy_to_device and copy_from_device stream through the ring; 0: a quarter of
-    /// the capacity, at most default_chunk_limit (so that at least four chunks are in flight: the
-    /// host fills one while the previous ones are copied, and the first transfer starts early).
-    std::size_t chunk_bytes = 0;
-    /// The largest default chunk: large enough that a copy's fixed cost is amortized, small
-    /// enough that the pipeline fills quickly.
-    static constexpr std::size_t default_chunk_limit = std::size_t{2} << 20;
-    /// Devices whose events are created when the ring is; empty: the calling thread's current
-    /// device. A copy on a stream of another device creates that device's events on first use.
-    std::vector<int> devices{};
-};
-
-/// A snapshot of a ring's counters; a plain value.
-///
-/// Invariants: bytes_in_flight <= bytes_in_use <= capacity; peak_bytes_in_use <= capacity.
-/// Completion is noticed lazily: a finished copy counts as in flight until the ring next needs
-/// room, or until poll() or synchronize().
-struct staging_statistics {
-    std::size_t capacity = 0;
-    std::size_t bytes_in_use = 0;      ///< reserved, in flight and held bytes, with alignment padding
-    std::size_t peak_bytes_in_use = 0;
-    std::size_t bytes_in_flight = 0;   ///< bytes of enqueued copies not yet seen complete
-    std::size_t live_regions = 0;
-    std::uint64_t reservations = 0;    ///< regions handed out (uploads and downloads)
-    std::uint64_t commits = 0;         ///< uploads enqueued
-    std::uint64_t downloads = 0;       ///< downloads enqueued
-    std::uint64_t cancellations = 0;   ///< reservations given back without a copy
-    std::uint64_t bytes_uploaded = 0;
-    std::uint64_t bytes_downloaded = 0;
-    std::uint64_t waits = 0;           ///< reserve/stage calls that had to wait for room
-    std::uint64_t timeouts = 0;        ///< of which ended in timeout_error
-    std::uint64_t try_failures = 0;    ///< try_reserve/try_stage calls that found no room
-    std::chrono::nanoseconds wait_time{0}; ///< total time spent waiting for room
-};
-
-/// A contiguous typed region of a staging ring, handed to one producer: fill it, then give it to
-/// the ring's commit. Move-only. Destroyed (or reset) without a commit, it goes back to the ring
-/// unused. An empty reservation (from try_reserve, or moved from) owns nothing.
-///
-/// Thread safety: one owner at a time, like any value. Ownership: refers to its ring, which must
-/// outlive it. The span is valid until the reservation is committed or destroyed.
-template <class T, class Ring>
-class reservation {
-public:
-    reservation() noexcept = default;
-    reservation(reservation&& other) noexcept
-        : ring_(std::exchange(other.ring_, nullptr)), slot_(other.slot_), offset_(other.offset_),
-          span_(std::exchange(other.span_, {})) {}
-    reservation& operator=(reservation&& other) noexcept {
-        if (this != &other) {
-            reset();
-            ring_ = std::exchange(other.ring_, nullptr);
-            slot_ = other.slot_;
-            offset_ = other.offset_;
-            span_ = std::exchange(other.span_, {});
-        }
-        return *this;
-    }
-    reservation(const reservation&) = delete;
-    reservation& operator=(const reservation&) = delete;
-    ~reservation() { reset(); }
-
-    [[nodiscard]] bool empty() const noexcept { return ring_ == nullptr; }
-    explicit operator bool() const noexcept { return ring_ != nullptr; }
-    [[nodiscard]] std::span<T> span() const noexcept { return span_; }
-    [[nodiscard]] T* data() const noexcept { return span_.data(); }
-    [[nodiscard]] std::size_t size() const noexcept { return span_.size(); }
-    [[nodiscard]] std::size_t size_bytes() const noexcept { return span_.size_bytes(); }
-    [[nodiscard]] T* begin() const noexcept { return span_.data(); }
-    [[nodiscard]] T* end() const noexcept { return span_.data() + span_.size(); }
-    [[nodiscard]] T& operator[](std::size_t i) const noexcept { return span_[i]; }
-    /// Byte offset of the region in the ring (for diagnostics and tests).
-    [[nodiscard]] std::size_t offset() const noexcept { return offset_; }
-
-    /// Gives the region back unused. Idempotent.
-    void reset() noexcept {
-        if (ring_ != nullptr) std::exchange(ring_, nullptr)->cancel(slot_);
-        span_ = {};
-    }
-
-private:
-    friend Ring;
-    reservation(Ring* ring, std::size_t slot, std::size_t offset, std::span<T> span) noexcept
-        : ring_(ring), slot_(slot), offset_(offset), span_(span) {}
-
-    Ring* ring_ = nullptr; ///< nullptr: empty
-    std::size_t slot_ = 0;
-    std::size_t offset_ = 0;
-    std::span<T> span_;
-};
-
-/// A download staged into a staging ring. wait() blocks until the copy has landed and gives a
-/// read-only span of it, valid until the ticket is released (release() or destruction). Move-only.
-/// Reading a released (or moved-from, or empty) ticket throws released_ticket_error.
-///
-/// Thread safety: one owner at a time. Ownership: refers to its ring, which must outlive it.
-/// A held ticket keeps its region, and every region placed after it, from being reused: release
-/// tickets promptly, or the ring fills up behind them.
-template <class T, class Ring>
-class ticket {
-public:
-    ticket() noexcept = default;
-    ticket(ticket&& other) noexcept
-        : ring_(std::exchange(other.ring_, nullptr)), slot_(other.slot_), span_(std::exchange(other.span_, {})) {}
-    ticket& operator=(ticket&& other) noexcept {
-        if (this != &other) {
-            release();
-            ring_ = std::exchange(other.ring_, nullptr);
-            slot_ = other.slot_;
-            span_ = std::exchange(other.span_, {});
-        }
-        return *this;
-    }
-    ticket(const ticket&) = delete;
-    ticket& operator=(const ticket&) = delete;
-    ~ticket() { release(); }
-
-    [[nodiscard]] bool empty() const noexcept { return ring_ == nullptr; }
-    explicit operator bool() const noexcept { return ring_ != nullptr; }
-    [[nodiscard]] std::size_t size() const noexcept { return span_.size(); }
-
-    /// Whether the copy has landed (non-blocking). Throws released_ticket_error if released.
-    [[nodiscard]] bool ready() const {
-        if (ring_ == nullptr) throw released_ticket_error();
-        return ring_->ticket_ready(slot_);
-    }
-
-    /// Blocks until the copy has landed; the span stays valid until release().
-    /// Throws released_ticket_error if released.
-    [[nodiscard]] std::span<const T> wait() const {
-        if (ring_ == nullptr) throw released_ticket_error();
-        ring_->ticket_wait(slot_);
-        return span_;
-    }
-
-    /// Hands the region back to the ring (once its copy has finished, whether or not anyone
-    /// waited). Idempotent.
-    void release() noexcept {
-        if (ring_ != nullptr) std::exchange(ring_, nullptr)->ticket_release(slot_);
-        span_ = {};
-    }
-
-private:
-    friend Ring;
-    ticket(Ring* ring, std::size_t slot, std::span<const T> span) noexcept : ring_(ring), slot_(slot), span_(span) {}
-
-    Ring* ring_ = nullptr; ///< nullptr: released or empty
-    std::size_t slot_ = 0;
-    std::span<const T> span_;
-};
 
 /// A pinned staging ring: one host-accessible region taken once from `Upstream` (pinned host
 /// memory on the cuda platform, host memory on the host platform) and handed out as a ring of
@@ -259,14 +103,13 @@ public:
     /// does not exist; the upstream's out_of_memory if the region cannot be allocated.
     template <class... Args>
     explicit staging_ring(ring_options options, Args&&... upstream_args)
-        : upstream_(std::forward<Args>(upstream_args)...), index_(checked_capacity(options), checked_regions(options)),
+        : upstream_(std::forward<Args>(upstream_args)...), index_(detail::checked_capacity(options, alignment), detail::checked_regions(options)),
           chunk_bytes_(options.chunk_bytes != 0
                            ? std::min(options.chunk_bytes, index_.capacity())
                            : std::clamp<std::size_t>(index_.capacity() / 4, 1, ring_options::default_chunk_limit)),
-          device_count_(platform_type::device_count()),
-          rows_(std::make_unique<event_row[]>(static_cast<std::size_t>(std::max(device_count_, 1)))) {
+          events_(index_.slot_count()) {
         if (options.devices.empty()) options.devices.push_back(platform_type::current_device());
-        for (const int d : options.devices) static_cast<void>(row(d)); // validates, creates events
+        for (const int d : options.devices) static_cast<void>(events_.row(d)); // validates, creates events
         base_ = static_cast<std::byte*>(upstream_.allocate_sync(index_.capacity(), alignment));
     }
 
@@ -317,8 +160,8 @@ public:
     template <class T, class Rep, class Period>
     [[nodiscard]] reservation_type<T> reserve(std::size_t count, std::chrono::duration<Rep, Period> timeout) {
         const std::size_t bytes = request_bytes<T>(count);
-        const auto limit = clamp_timeout(timeout);
-        const auto [mode, deadline] = deadline_after(limit);
+        const auto limit = detail::clamp_timeout(timeout);
+        const auto [mode, deadline] = detail::deadline_after(limit);
         const auto p = acquire(bytes, alignof(T), mode, deadline, limit);
         return reservation_type<T>(this, p->slot, p->offset, std::span<T>(pointer<T>(p->offset), count));
     }
@@ -365,7 +208,7 @@ public:
     template <class T>
     void commit(reservation_type<T>&& r, std::span<T> destination, stream_type stream) {
         check_reservation(r);
-        check_destination(destination.size(), r.size());
+        detail::check_destination(destination.size(), r.size());
         commit(std::move(r), destination.data(), stream);
     }
 
@@ -379,21 +222,14 @@ public:
         static_assert(std::is_trivially_copyable_v<T>, "the ring copies bytes");
         if (source.empty()) throw std::invalid_argument("custody: staging ring: empty source");
         if (destination == nullptr) throw std::invalid_argument("custody: staging ring: null destination");
-        const std::size_t per_chunk = elements_per_chunk<T>();
-        for (std::size_t done = 0; done < source.size();) {
-            const std::size_t n = std::min(per_chunk, source.size() - done);
-            auto r = reserve<T>(n);
-            std::memcpy(r.data(), source.data() + done, n * sizeof(T));
-            commit(std::move(r), destination + done, stream);
-            done += n;
-        }
+        detail::copy_to_device_in_chunks(*this, source, destination, stream, elements_per_chunk<T>());
     }
 
     /// As copy_to_device(source, destination.data(), stream), after checking that `destination`
     /// is large enough (std::invalid_argument otherwise, nothing enqueued).
     template <class T>
     void copy_to_device(std::span<const T> source, std::span<T> destination, stream_type stream) {
-        check_destination(destination.size(), source.size());
+        detail::check_destination(destination.size(), source.size());
         copy_to_device(source, destination.data(), stream);
     }
 
@@ -411,8 +247,8 @@ public:
     template <class T, class Rep, class Period>
     [[nodiscard]] ticket_type<T> stage(const T* source, std::size_t count, stream_type stream,
                                        std::chrono::duration<Rep, Period> timeout) {
-        const auto limit = clamp_timeout(timeout);
-        const auto [mode, deadline] = deadline_after(limit);
+        const auto limit = detail::clamp_timeout(timeout);
+        const auto [mode, deadline] = detail::deadline_after(limit);
         return stage_impl(source, count, stream, mode, deadline, limit);
     }
 
@@ -431,28 +267,7 @@ public:
         static_assert(std::is_trivially_copyable_v<T>, "the ring copies bytes");
         if (destination.empty()) throw std::invalid_argument("custody: staging ring: empty destination");
         if (source == nullptr) throw std::invalid_argument("custody: staging ring: null source");
-        const std::size_t per_chunk = elements_per_chunk<T>();
-        struct pending {
-            ticket_type<T> t;
-            std::size_t at;
-        };
-        std::deque<pending> in_flight;
-        const auto drain_one = [&] {
-            const std::span<const T> s = in_flight.front().t.wait();
-            std::memcpy(destination.data() + in_flight.front().at, s.data(), s.size_bytes());
-            in_flight.pop_front(); // releases the ticket
-        };
-        for (std::size_t done = 0; done < destination.size();) {
-            const std::size_t n = std::min(per_chunk, destination.size() - done);
-            ticket_type<T> t;
-            // Tickets held here keep their regions; drain them before waiting for room.
-            while (!(t = try_stage(source + done, n, stream)) && !in_flight.empty()) drain_one();
-            if (!t) t = stage(source + done, n, stream);
-            in_flight.push_back({std::move(t), done});
-            if (in_flight.size() >= 3) drain_one();
-            done += n;
-        }
-        while (!in_flight.empty()) drain_one();
+        detail::copy_from_device_in_chunks(*this, source, destination, stream, elements_per_chunk<T>());
     }
 
     /// Reclaims every region whose copy has completed, without waiting; returns how many.
@@ -505,61 +320,16 @@ private:
     template <class T, class R>
     friend class ticket;
 
-    enum class wait_mode { never, block, until };
-    using time_point = std::chrono::steady_clock::time_point;
-
-    /// The events of one device, one per region slot. Built once; read without the lock after.
-    struct event_row {
-        std::atomic<bool> built{false};
-        std::vector<event_type> events;
-    };
-
-    /// `timeout` in nanoseconds, saturating (std::chrono::duration::max() and the like wait forever).
-    /// Throws std::invalid_argument for a NaN timeout, which is neither long nor short.
-    template <class Rep, class Period>
-    static std::chrono::nanoseconds clamp_timeout(std::chrono::duration<Rep, Period> timeout) {
-        using limit_type = std::chrono::duration<long double, std::nano>;
-        const limit_type wanted = timeout;
-        if (std::isnan(wanted.count())) throw std::invalid_argument("custody: staging ring: the timeout is NaN");
-        if (wanted >= limit_type(std::chrono::nanoseconds::max())) return std::chrono::nanoseconds::max();
-        if (wanted <= limit_type(0)) return std::chrono::nanoseconds(0);
-        return std::chrono::duration_cast<std::chrono::nanoseconds>(timeout);
-    }
-
-    /// A deadline `limit` from now; timeouts too long to represent wait without one.
-    static std::pair<wait_mode, time_point> deadline_after(std::chrono::nanoseconds limit) {
-        const auto now = std::chrono::steady_clock::now();
-        if (limit > time_point::max() - now) return {wait_mode::block, time_point{}};
-        return {wait_mode::until, now + limit};
-    }
-
-    static std::size_t checked_capacity(const ring_options& o) {
-        if (o.capacity == 0) throw std::invalid_argument("custody: staging ring: zero capacity");
-        if (align_up_overflows(o.capacity, alignment)) throw std::length_error("custody: staging ring: capacity overflows");
-        return align_up(o.capacity, alignment);
-    }
-    static std::size_t checked_regions(const ring_options& o) {
-        if (o.max_regions == 0) throw std::invalid_argument("custody: staging ring: zero regions");
-        return o.max_regions;
-    }
+    using wait_mode = detail::wait_mode;
+    using time_point = detail::time_point;
 
     template <class T>
     [[nodiscard]] std::size_t request_bytes(std::size_t count) const {
-        static_assert(std::is_trivially_copyable_v<T>, "the ring copies bytes");
-        static_assert(alignof(T) <= alignment, "element alignment above the ring's");
-        if (count == 0) throw std::invalid_argument("custody: staging ring: zero elements requested");
-        if (count > index_.capacity() / sizeof(T)) {
-            throw std::length_error("custody: staging ring: " + std::to_string(count) + " elements of " +
-                                    std::to_string(sizeof(T)) + " bytes exceed the ring's " +
-                                    std::to_string(index_.capacity()) + " bytes");
-        }
-        return count * sizeof(T);
+        return detail::request_bytes<T, alignment>(count, index_.capacity());
     }
-
     template <class T>
     [[nodiscard]] std::size_t elements_per_chunk() const {
-        if (sizeof(T) > index_.capacity()) throw std::length_error("custody: staging ring: element larger than the ring");
-        return std::max<std::size_t>(chunk_bytes_ / sizeof(T), 1);
+        return detail::elements_per_chunk<T>(index_.capacity(), chunk_bytes_);
     }
 
     template <class T>
@@ -572,31 +342,8 @@ private:
         if (r.ring_ == nullptr) throw std::invalid_argument("custody: staging ring: empty reservation");
         if (r.ring_ != this) throw std::invalid_argument("custody: staging ring: reservation of another ring");
     }
-    static void check_destination(std::size_t have, std::size_t need) {
-        if (have < need) {
-            throw std::invalid_argument("custody: staging ring: destination of " + std::to_string(have) +
-                                        " elements is smaller than the " + std::to_string(need) + " to copy");
-        }
-    }
 
-    event_row& row(int device) {
-        if (device < 0 || device >= device_count_) {
-            throw std::invalid_argument("custody: staging ring: device " + std::to_string(device) + " does not exist");
-        }
-        event_row& r = rows_[static_cast<std::size_t>(device)];
-        if (!r.built.load(std::memory_order_acquire)) {
-            std::lock_guard lock(rows_mutex_);
-            if (!r.built.load(std::memory_order_relaxed)) {
-                std::vector<event_type> events;
-                events.reserve(index_.slot_count());
-                for (std::size_t i = 0; i < index_.slot_count(); ++i) events.emplace_back(device);
-                r.events = std::move(events);
-                r.built.store(true, std::memory_order_release);
-            }
-        }
-        return r;
-    }
-    event_type& event(int device, std::size_t slot) { return row(device).events[slot]; }
+    event_type& event(int device, std::size_t slot) { return events_.at(device, slot); }
 
     /// Runs `enqueue` then records `e` on `stream` under `device`. If recording fails after the
     /// copy was enqueued, waits for the stream so the region is not reused under the copy.
@@ -677,7 +424,7 @@ private:
                     lock.unlock();
                     bool completed = true;
                     try {
-                        completed = wait_event(event(device, slot), mode, deadline);
+                        completed = detail::wait_event(event(device, slot), mode, deadline);
                     } catch (...) {
                         lock.lock();
                         --index_.at(slot).pins;
@@ -711,23 +458,6 @@ private:
         }
     }
 
-    /// Waits for `e`: blocking, or polling with a growing back-off until `deadline`.
-    /// Returns whether it completed.
-    static bool wait_event(const event_type& e, wait_mode mode, time_point deadline) {
-        if (mode != wait_mode::until) {
-            e.synchronize();
-            return true;
-        }
-        auto pause = std::chrono::microseconds(1);
-        while (!e.ready()) {
-            const auto now = std::chrono::steady_clock::now();
-            if (now >= deadline) return false;
-            std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
-            pause = std::min(pause * 2, std::chrono::microseconds(200));
-        }
-        return true;
-    }
-
     /// Gives a reserved region back unused; `by_caller`: counted as a cancellation.
     void cancel(std::size_t slot, bool by_caller = true) noexcept {
         std::lock_guard lock(mutex_);
@@ -742,7 +472,7 @@ private:
         const std::size_t bytes = request_bytes<T>(count);
         if (source == nullptr) throw std::invalid_argument("custody: staging ring: null source");
         const int device = platform_type::stream_device(stream);
-        static_cast<void>(row(device)); // create the device's events before anything changes
+        static_cast<void>(events_.row(device)); // create the device's events before anything changes
         const auto p = acquire(bytes, alignof(T), mode, deadline, limit);
         if (!p) return {};
         T* staged = pointer<T>(p->offset);
@@ -791,9 +521,7 @@ private:
     std::condition_variable cv_;   ///< signalled when a region is committed, given back or released
     detail::ring_index index_;
     std::size_t chunk_bytes_;
-    int device_count_;
-    std::unique_ptr<event_row[]> rows_; ///< rows_[d] for each device d < device_count_
-    std::mutex rows_mutex_;             ///< serializes building a row
+    detail::event_table<platform_type> events_; ///< one event per region slot and device
     std::byte* base_ = nullptr;         ///< the region: capacity() bytes at `alignment`
     std::size_t waiting_ = 0;           ///< threads inside wait_for_room
     staging_statistics stats_;

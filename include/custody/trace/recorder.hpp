@@ -5,7 +5,9 @@
 ///
 /// Map:
 ///   recorder                 the file, the sequence counter, the writer thread
+///     recorder_options       how it writes, and recorder_statistics (trace/recorder_options.hpp)
 ///     detail::event_ring     per recording thread: a fixed single-producer ring of raw events
+///     detail::thread_rings   a thread's rings, one per recorder (trace/detail/thread_rings.hpp)
 ///     detail::tick_clock     ticks -> nanoseconds, calibrated by the writer thread
 ///     trace::writer          the encoding (docs/trace-format.md)
 ///   recording_resource       the adaptor that feeds a recorder (trace/recording_resource.hpp)
@@ -17,8 +19,10 @@
 #include <custody/debug/owner_scope.hpp>
 #include <custody/trace/detail/event_ring.hpp>
 #include <custody/trace/detail/output_file.hpp>
+#include <custody/trace/detail/thread_rings.hpp>
 #include <custody/trace/detail/tick_clock.hpp>
 #include <custody/trace/event.hpp>
+#include <custody/trace/recorder_options.hpp>
 #include <custody/trace/writer.hpp>
 
 #include <algorithm>
@@ -41,98 +45,9 @@
 #include <vector>
 
 #include <fcntl.h>
-#include <pthread.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace custody::trace {
-
-/// The file name of a rank's trace: "rank-<R>.ctrace", as the tracking resource's reports are
-/// "rank-<R>.json".
-[[nodiscard]] inline std::string trace_file_name(const rank_info& rank) {
-    return "rank-" + std::to_string(rank.rank) + ".ctrace";
-}
-
-/// How a recorder writes. Every field has a default that suits a production run.
-struct recorder_options {
-    /// The file to write. Empty (the default): `directory` / trace_file_name(rank).
-    std::string path;
-    std::string directory = ".";
-    /// The rank written into the trace and its name. Default: detect_rank() (the launcher's
-    /// environment, rank 0 of 1 outside a job).
-    std::optional<rank_info> rank;
-    /// Written into the trace's metadata ("host" or "cuda"); empty: not written.
-    std::string platform;
-    /// Events each recording thread buffers: 4096 (256 KiB a thread). A thread that fills its
-    /// buffer waits for the writer, so no event is ever dropped; the writer is woken each time a
-    /// buffer is half full, so a busy thread waits only if the disk cannot keep up.
-    std::size_t thread_buffer_events = 4096;
-    /// How often the writer drains the buffers of quiet threads.
-    std::chrono::milliseconds flush_interval{20};
-    /// The most events the writer holds back waiting for an earlier one (a thread descheduled
-    /// between taking its sequence number and publishing its event); beyond it, threads wait.
-    std::size_t reorder_limit = std::size_t{1} << 16;
-    /// Record the owner of each allocation (custody::debug::owner_scope), at the cost of a
-    /// thread-local read per event.
-    bool record_owner = false;
-};
-
-/// A recorder's counters. A plain value.
-struct recorder_statistics {
-    std::uint64_t events = 0;         ///< sequence numbers handed out: events recorded
-    std::uint64_t events_written = 0; ///< events whose bytes reached the file
-    std::uint64_t bytes_written = 0;
-    std::uint64_t writes = 0;         ///< write calls on the file (batches, not events)
-    std::uint64_t full_waits = 0;     ///< times a thread found its buffer full and waited for the writer
-    std::uint64_t dropped = 0;        ///< events lost because a new thread's buffer could not be allocated
-    std::size_t largest_reorder = 0;  ///< most events the writer held waiting for an earlier one
-    std::size_t threads = 0;          ///< threads that recorded, ever
-};
-
-namespace detail {
-
-/// Hands out recorder ids: never reused, so a thread's cached ring can never be mistaken for a
-/// later recorder's.
-inline std::uint64_t next_recorder_id() noexcept {
-    static std::atomic<std::uint64_t> next{0};
-    return next.fetch_add(1, std::memory_order_relaxed) + 1;
-}
-
-/// One thread's rings, one per recorder it recorded into. The last one used is cached for the
-/// fast path. At thread exit the rings are marked abandoned; each recorder frees its ring once
-/// drained.
-struct thread_rings {
-    std::uint64_t last_recorder = 0;
-    event_ring* last = nullptr;
-    std::vector<std::pair<std::uint64_t, std::shared_ptr<event_ring>>> all;
-    thread_rings() = default;
-    thread_rings(const thread_rings&) = delete;
-    thread_rings& operator=(const thread_rings&) = delete;
-    ~thread_rings() {
-        for (auto& [id, ring] : all) ring->abandon();
-    }
-};
-
-inline thread_rings& local_rings() noexcept {
-    thread_local thread_rings rings;
-    return rings;
-}
-
-inline std::uint64_t this_thread_os_id() noexcept {
-#if defined(__linux__)
-    return static_cast<std::uint64_t>(::syscall(SYS_gettid));
-#else
-    return static_cast<std::uint64_t>(std::hash<std::thread::id>{}(std::this_thread::get_id()));
-#endif
-}
-
-inline std::string this_thread_name() {
-    char name[64] = {};
-    if (::pthread_getname_np(::pthread_self(), name, sizeof name) != 0) return {};
-    return name;
-}
-
-} // namespace detail
 
 /// Writes allocation events to one trace file. Feed it through recording_resource adaptors (any
 /// number, over any upstreams, from any threads), or call record() directly.
