@@ -157,11 +157,6 @@ platform::stream_view stream_of(void* stream) noexcept {
 #endif
 }
 
-/// Why graph capture into a private pool is refused, for the capture hooks' callers.
-constexpr const char* capture_refusal =
-    "custody: CUDA graph capture into a private memory pool is not supported by this allocator yet; "
-    "allocate the graph's memory before capture, or capture with PyTorch's own allocator";
-
 /// Sets this thread's last error and returns -1.
 int refuse(std::string why) noexcept {
     set_error(std::move(why));
@@ -317,9 +312,37 @@ CUSTODY_EXPORT size_t custody_empty_cache(void) {
     return dispatch([](auto& a) { return trim_devices(a, -1); });
 }
 
-CUSTODY_EXPORT int custody_begin_allocate_to_pool(int, uint64_t, uint64_t) { return refuse(capture_refusal); }
-CUSTODY_EXPORT int custody_end_allocate_to_pool(int, uint64_t, uint64_t) { return refuse(capture_refusal); }
-CUSTODY_EXPORT int custody_release_pool(int, uint64_t, uint64_t) { return 0; }
+CUSTODY_EXPORT int custody_begin_allocate_to_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second,
+                                                  void* stream) {
+    const platform::stream_view capturing = stream_of(stream);
+    custody::capture_info info;
+    try {
+        info = platform::query_capture(capturing);
+    } catch (const std::exception& e) {
+        return refuse(e.what());
+    }
+    if (!info.capturing()) {
+        return refuse("custody: begin_allocate_to_pool on device " + std::to_string(device) +
+                      ": the stream is not capturing a graph (begin the capture first)");
+    }
+    // PyTorch's filter: the streams of this capture, whatever stream it forks onto.
+    const std::uint64_t capture = info.id;
+    const auto in_capture = [capture](platform::stream_view s) {
+        const custody::capture_info i = platform::query_capture(s);
+        return i.capturing() && i.id == capture;
+    };
+    return dispatch([&](auto& a) {
+        return a.begin_allocate_to_pool(device, {pool_id_first, pool_id_second}, in_capture) ? 0 : -1;
+    });
+}
+
+CUSTODY_EXPORT int custody_end_allocate_to_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second) {
+    return dispatch([&](auto& a) { return a.end_allocate_to_pool(device, {pool_id_first, pool_id_second}) ? 0 : -1; });
+}
+
+CUSTODY_EXPORT int custody_release_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second) {
+    return dispatch([&](auto& a) { return a.release_pool(device, {pool_id_first, pool_id_second}) ? 0 : -1; });
+}
 
 CUSTODY_EXPORT size_t custody_trim(int device) {
     return dispatch([&](auto& a) { return trim_devices(a, device); });

@@ -64,10 +64,17 @@ int custody_record_stream(void* ptr, void* stream);
 /* PyTorch's empty_cache (reset) hook: gives every device's cached memory back to the device,
  * after the work of held blocks has finished. Returns the bytes given back. */
 size_t custody_empty_cache(void);
-/* PyTorch's graph-capture hooks (begin/end allocating to a private pool, releasing it). Private
- * pools are not served yet: begin always fails, with the reason in custody_last_error(), and an
- * allocation on a stream under capture fails (custody_torch_malloc throws). Return 0 or -1. */
-int custody_begin_allocate_to_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second);
+/* PyTorch's graph-capture hooks (CUDAGraph's beginAllocateToPool, endAllocateToPool and
+ * releasePool; PyTorch's pluggable allocator takes them from C++ only, so custody.torch calls them
+ * around CUDAGraph.capture_begin, capture_end and reset). The pool id is PyTorch's MempoolId_t
+ * {first, second}. begin: from now until end, allocations on device made on the streams of the
+ * capture that stream is in (stream must be capturing already; its forks included) come from the
+ * private pool of that id, made if new and shared (held once more) if not; its blocks are reused
+ * within the capture and kept for the graph's replays after end. release drops one hold (one per
+ * begin); with none left the pool's memory goes back once its blocks are free. Each returns 0, or
+ * -1 with the reason in custody_last_error() (a stream not capturing, an id already being
+ * allocated to, released, or holding nothing). */
+int custody_begin_allocate_to_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second, void* stream);
 int custody_end_allocate_to_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second);
 int custody_release_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second);
 

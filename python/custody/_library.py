@@ -71,7 +71,9 @@ class Library:
             "custody_claim_device": (c_int, [ctypes.c_char_p, c_int, c_int]),
             "custody_record_stream": (c_int, [vp, vp]),
             "custody_empty_cache": (size_t, []),
-            "custody_begin_allocate_to_pool": (c_int, [c_int, u64, u64]),
+            "custody_begin_allocate_to_pool": (c_int, [c_int, u64, u64, vp]),
+            "custody_end_allocate_to_pool": (c_int, [c_int, u64, u64]),
+            "custody_release_pool": (c_int, [c_int, u64, u64]),
             "custody_owner_push": (c_int, [ctypes.c_char_p]),
             "custody_owner_pop": (c_int, []),
             "custody_owner_current": (size_t, [ctypes.c_char_p, size_t]),
@@ -178,10 +180,19 @@ class Library:
     def write_report(self, device, path):
         self._check(self._lib.custody_write_report(device, str(path).encode()))
 
-    def begin_allocate_to_pool(self, device, pool_id):
-        """PyTorch's begin-allocate-to-pool hook: refused (raises CustodyError) until private pools
-        for graph capture are served."""
-        self._check(self._lib.custody_begin_allocate_to_pool(device, pool_id[0], pool_id[1]))
+    def begin_allocate_to_pool(self, device, pool_id, stream):
+        """PyTorch's begin-allocate-to-pool hook: until end_allocate_to_pool, allocations on
+        `device` on the streams of the capture `stream` is in (it must be capturing) come from the
+        private pool `pool_id` (a pair of ints, PyTorch's MempoolId_t). Raises CustodyError."""
+        self._check(self._lib.custody_begin_allocate_to_pool(device, pool_id[0], pool_id[1], stream))
+
+    def end_allocate_to_pool(self, device, pool_id):
+        """Ends the routing to `pool_id` (after the capture ended); its blocks stay the graph's."""
+        self._check(self._lib.custody_end_allocate_to_pool(device, pool_id[0], pool_id[1]))
+
+    def release_pool(self, device, pool_id):
+        """Drops one hold on `pool_id` (one per begin); with none left its memory goes back."""
+        self._check(self._lib.custody_release_pool(device, pool_id[0], pool_id[1]))
 
 
 _loaded = {}

@@ -13,13 +13,17 @@ allocation and a free function from Python; its other hooks are reachable from C
 - torch.cuda.empty_cache: wrapped, so that custody's pools give their cached memory back.
 - torch.cuda.memory_stats (and so memory_allocated, max_memory_reserved, ...) and memory_summary:
   custody's counters under PyTorch's key names.
-- CUDA graph capture: refused with CustodyError at capture_begin (custody does not serve
-  capture-private pools yet); an allocation on a capturing stream fails in the library as well.
+- CUDA graph capture (torch.cuda.graph, CUDAGraph.capture_begin/capture_end/reset): wrapped, so
+  that what the capture allocates comes from a private pool of custody's (the graph's pool id, as
+  CUDAGraph.pool() names it; graphs sharing a pool share it), reused within the capture and kept
+  for the replays until the graph is reset or collected (custody_begin_allocate_to_pool,
+  custody_end_allocate_to_pool, custody_release_pool).
 """
 
 import contextlib
 import functools
 import os
+import weakref
 
 from . import options as _options
 from . import stats as _stats
@@ -29,9 +33,6 @@ from .tracking import LeakWatch, diff, owner, snapshot, write_report
 
 __all__ = ["enable", "enabled", "memory_stats", "memory_summary", "oom_as_torch_error", "TooLateError", "owner",
            "snapshot", "diff", "LeakWatch", "write_report"]
-
-CAPTURE_REFUSAL = ("custody: CUDA graph capture is not supported by custody's allocator yet (no "
-                   "capture-private pools); capture without custody.torch.enable(), or run the model uncaptured")
 
 _state = {"lib": None, "options": None}
 
@@ -160,9 +161,45 @@ def _install(torch, lib):
         module.memory_stats = memory_stats
         module.memory_summary = memory_summary
 
+    _install_capture(torch, lib)
+
+
+def _install_capture(torch, lib):
+    """Wraps CUDAGraph so that custody serves each capture from the graph's private pool. PyTorch
+    has begun the capture when the wrapped capture_begin returns, so the pool is routed to right
+    after it, before anything of the capture is allocated; a refused routing ends the capture again
+    and raises CustodyError."""
     graph = torch.cuda.CUDAGraph
+    original_begin, original_end, original_reset = graph.capture_begin, graph.capture_end, graph.reset
 
+    @functools.wraps(original_begin)
     def capture_begin(self, *args, **kwargs):
-        raise CustodyError(CAPTURE_REFUSAL)
+        original_begin(self, *args, **kwargs)
+        device, pool_id = torch.cuda.current_device(), tuple(self.pool())
+        try:
+            lib.begin_allocate_to_pool(device, pool_id, torch.cuda.current_stream().cuda_stream)
+        except CustodyError:
+            with contextlib.suppress(Exception):
+                original_end(self)
+            raise
+        self._custody_capture = (device, pool_id)
+        # One hold per capture, dropped when the graph is reset or collected.
+        self._custody_release = weakref.finalize(self, lib.release_pool, device, pool_id)
 
-    graph.capture_begin = capture_begin
+    @functools.wraps(original_end)
+    def capture_end(self):
+        try:
+            original_end(self)
+        finally:
+            capture = self.__dict__.pop("_custody_capture", None)
+            if capture is not None:
+                lib.end_allocate_to_pool(*capture)
+
+    @functools.wraps(original_reset)
+    def reset(self):
+        original_reset(self)
+        release = self.__dict__.pop("_custody_release", None)
+        if release is not None:
+            release()
+
+    graph.capture_begin, graph.capture_end, graph.reset = capture_begin, capture_end, reset

@@ -270,12 +270,84 @@ TEST_CASE("empty_cache gives every cached and held byte back to the device", "[i
     CHECK(s.reserved_bytes == 0);
 }
 
-TEST_CASE("graph capture into a private pool is refused loudly", "[interop][torch]") {
-    CHECK(lib().begin_allocate_to_pool(0, 1, 0) == -1);
-    CHECK_THAT(lib().last_error(), custody_test::contains("graph capture"));
-    CHECK(lib().end_allocate_to_pool(0, 1, 0) == -1);
-    CHECK_THAT(lib().last_error(), custody_test::contains("graph capture"));
-    CHECK(lib().release_pool(0, 1, 0) == 0);
+TEST_CASE("graph capture: the capture's blocks come from a private pool, kept for replays until released",
+          "[interop][torch][capture]") {
+    using custody::host::platform;
+    constexpr int device = 2;
+    constexpr ssize_t block = 4096;
+    custody::host::stream captured(device);
+    custody::host::stream other(device);
+    const custody_torch_stats before = lib().stats_of(device);
+
+    platform::begin_capture(captured, custody::capture_mode::global);
+    REQUIRE(lib().begin_allocate_to_pool(device, 11, 3, stream_arg(captured)) == 0);
+    void* first = lib().torch_malloc(block, device, stream_arg(captured));
+    REQUIRE(first != nullptr);
+    // Freed and asked again within the capture: the same block, reused in stream order.
+    lib().free(first, block, device, stream_arg(captured));
+    void* output = lib().torch_malloc(block, device, stream_arg(captured));
+    CHECK(output == first);
+    platform::memset_async(output, 0x5a, static_cast<std::size_t>(block), captured);
+    // A stream outside the capture is served from the ordinary pool, never from the private one.
+    void* ordinary = lib().alloc(block, device, stream_arg(other));
+    REQUIRE(ordinary != nullptr);
+    CHECK(ordinary != output);
+    custody::host::graph graph = platform::end_capture(captured);
+    REQUIRE(lib().end_allocate_to_pool(device, 11, 3) == 0);
+    CHECK(std::string(lib().last_error()).empty());
+
+    // The graph's replays write the private block; nothing ran before the launch.
+    std::memset(output, 0, static_cast<std::size_t>(block));
+    platform::launch(graph, captured);
+    platform::synchronize(captured);
+    CHECK(static_cast<unsigned char*>(output)[0] == 0x5a);
+    CHECK(static_cast<unsigned char*>(output)[block - 1] == 0x5a);
+
+    // Given back after the capture, the block stays the graph's: ordinary allocations on the
+    // captured stream do not get it.
+    lib().free(output, block, device, stream_arg(captured));
+    void* after = lib().alloc(block, device, stream_arg(captured));
+    REQUIRE(after != nullptr);
+    CHECK(after != output);
+    platform::launch(graph, captured); // still the graph's memory to write
+    platform::synchronize(captured);
+    CHECK(static_cast<unsigned char*>(output)[0] == 0x5a);
+
+    // Released (the graph is gone): the private pool's memory goes back to the device.
+    const std::uint64_t reserved_held = lib().stats_of(device).reserved_bytes;
+    graph = custody::host::graph{};
+    REQUIRE(lib().release_pool(device, 11, 3) == 0);
+    CHECK(lib().stats_of(device).reserved_bytes < reserved_held);
+    // Released once per begin: a second release has nothing to drop.
+    CHECK(lib().release_pool(device, 11, 3) == -1);
+    CHECK_THAT(lib().last_error(), custody_test::contains("custody"));
+
+    lib().free(after, block, device, stream_arg(captured));
+    lib().free(ordinary, block, device, stream_arg(other));
+    platform::synchronize(captured);
+    platform::synchronize(other);
+    CHECK(lib().stats_of(device).live_bytes == before.live_bytes);
+}
+
+TEST_CASE("graph capture hooks refuse a stream not capturing and an id not begun, changing nothing",
+          "[interop][torch][capture]") {
+    constexpr int device = 3;
+    custody::host::stream idle(device);
+    const custody_torch_stats before = lib().stats_of(device);
+    CHECK(lib().begin_allocate_to_pool(device, 12, 0, stream_arg(idle)) == -1);
+    CHECK_THAT(lib().last_error(), custody_test::contains("not capturing"));
+    CHECK(lib().end_allocate_to_pool(device, 12, 0) == -1);
+    CHECK(std::string(lib().last_error()).size() > 0);
+    CHECK(lib().release_pool(device, 12, 0) == -1);
+    CHECK(std::string(lib().last_error()).size() > 0);
+    CHECK(lib().begin_allocate_to_pool(99, 12, 0, nullptr) == -1);
+    const custody_torch_stats after = lib().stats_of(device);
+    CHECK(after.reserved_bytes == before.reserved_bytes);
+    CHECK(after.allocations == before.allocations);
+    // The stream is usable as before.
+    void* p = lib().alloc(256, device, stream_arg(idle));
+    CHECK(p != nullptr);
+    lib().free(p, 256, device, stream_arg(idle));
 }
 
 TEST_CASE("options are refused by name when unknown, and once a pool exists", "[interop][torch]") {

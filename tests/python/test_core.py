@@ -69,9 +69,18 @@ def test_memory_summary_names_the_device_and_its_counters(host_lib):
     assert "Out-of-memory errors" in text
 
 
-def test_capture_hook_is_refused_loudly(host_lib):
-    with pytest.raises(custody.CustodyError, match="graph capture"):
-        host_lib.begin_allocate_to_pool(0, (1, 0))
+def test_capture_hooks_reach_the_pool_and_refuse_what_it_refuses(host_lib):
+    # The host build's default stream is never capturing; capture itself is driven from C++
+    # (tests/interop/torch_dlopen_test.cpp) and on a GPU (test_torch.py).
+    before = host_lib.stats(5)
+    with pytest.raises(custody.CustodyError, match="not capturing"):
+        host_lib.begin_allocate_to_pool(5, (21, 0), None)
+    host_lib.alloc(0, 5)  # makes device 5's pool, so that the refusals below come from it
+    with pytest.raises(custody.CustodyError, match="custody"):
+        host_lib.end_allocate_to_pool(5, (21, 0))
+    with pytest.raises(custody.CustodyError, match="custody"):
+        host_lib.release_pool(5, (21, 0))
+    assert host_lib.stats(5)["reserved_bytes"] == before["reserved_bytes"]
 
 
 def test_options_take_the_environment_over_the_code():

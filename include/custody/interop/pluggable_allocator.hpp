@@ -24,6 +24,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace custody::interop {
@@ -141,8 +142,9 @@ public:
 
     // ---- graph capture: PyTorch's beginAllocateToPool / endAllocateToPool / releasePool (the
     //      pluggable allocator's set_begin_allocate_to_pool, set_end_allocate_to_pool_fn and
-    //      set_release_pool), forwarded to `device`'s resource; see docs/pool.md. Each returns false
-    //      (and sets last_error()) on failure, or when the resource has no capture-private pools.
+    //      set_release_pool), forwarded to `device`'s resource, or to the pool it wraps; see
+    //      docs/pool.md. Each returns false (and sets last_error()) on failure, or when the
+    //      resource has no capture-private pools.
 
     /// Allocations on `device` on the streams `filter` accepts come from private pool `id` until
     /// end_allocate_to_pool (id made if new, shared and held once more if not).
@@ -244,18 +246,34 @@ public:
     }
 
 private:
-    /// Runs `hook` on `device`'s resource (made first when `create`) with the device current.
+    /// The layer of `r` that has capture-private pools: `r` itself, or the first resource under it
+    /// (through `upstream()`, as recorded_streams and tracking_resource wrap a pool) that has them;
+    /// nullptr when none has. The hooks only route allocations; the layers above still see them.
+    template <class R>
+    static auto* capture_layer(R& r) noexcept {
+        if constexpr (requires(R& x, pool::capture_pool_id id) { x.release_pool(id); }) {
+            return &r;
+        } else if constexpr (requires(R& x) { x.upstream(); }) {
+            return capture_layer(r.upstream());
+        } else {
+            return static_cast<void*>(nullptr);
+        }
+    }
+
+    /// Runs `hook` on the capture layer of `device`'s resource (made first when `create`) with the
+    /// device current.
     template <class Hook>
     bool capture_hook(int device, bool create, Hook&& hook) noexcept {
         return guarded<bool>(false, [&] {
-            if constexpr (requires(Resource& r, pool::capture_pool_id id) { r.release_pool(id); }) {
+            using layer_pointer = decltype(capture_layer(std::declval<Resource&>()));
+            if constexpr (!std::is_same_v<layer_pointer, void*>) {
                 Resource* r = create ? &resource(device) : existing(device);
                 if (r == nullptr) {
                     throw std::invalid_argument("custody: device " + std::to_string(device) +
                                                 " has no capture pools (nothing was allocated on it)");
                 }
                 basic_device_guard<platform_type> guard(device);
-                hook(*r);
+                hook(*capture_layer(*r));
                 return true;
             } else {
                 throw std::logic_error("custody: this resource has no capture-private pools");
