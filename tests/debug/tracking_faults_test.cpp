@@ -30,9 +30,26 @@ void* operator new(std::size_t bytes) {
     if (void* p = std::malloc(bytes != 0 ? bytes : 1)) return p;
     throw std::bad_alloc();
 }
+// Every other unaligned form is replaced too, so that whatever this program's deletes free came
+// from malloc (a sanitizer reports a nothrow new from its own heap released by free() here).
+void* operator new[](std::size_t bytes) { return ::operator new(bytes); }
+void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
+    try {
+        return ::operator new(bytes);
+    } catch (const std::bad_alloc&) {
+        return nullptr;
+    }
+}
+void* operator new[](std::size_t bytes, const std::nothrow_t& tag) noexcept {
+    return ::operator new(bytes, tag);
+}
 // Not inlined: the compiler would see free() given what operator new returned, and warn.
 [[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
 [[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete[](void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 using namespace custody;
 using namespace custody::debug;
