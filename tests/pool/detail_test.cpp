@@ -90,6 +90,25 @@ TEST_CASE("free_set finds the best fit, splits, honours alignment and coalesces 
     CHECK(set.bytes() == 16 * KiB);
 }
 
+TEST_CASE("free_set: the fit a take would use, and the neighbours of a block kept elsewhere", "[pool][free_set]") {
+    detail::free_set set;
+    const std::uintptr_t c = 0x100000; // one chunk of 64 KiB: free [0, 8) and [24, 64) KiB
+    set.insert({c, 8 * KiB, c});
+    set.insert({c + 24 * KiB, 40 * KiB, c});
+    CHECK(set.fit(4 * KiB, 256) == 8 * KiB);
+    CHECK(set.fit(9 * KiB, 256) == 40 * KiB);
+    CHECK(set.fit(41 * KiB, 256) == 0);
+    // A block [8, 24) KiB kept elsewhere: its neighbours here, by its start and its end.
+    CHECK(set.take_ending_at(c + 8 * KiB, 0x900000).size == 0); // another chunk's: not a neighbour
+    CHECK(set.take_ending_at(c + 12 * KiB, c).size == 0);       // nothing ends there
+    const detail::free_block before = set.take_ending_at(c + 8 * KiB, c);
+    CHECK((before.address == c && before.size == 8 * KiB && before.chunk == c));
+    const detail::free_block after = set.take_at(c + 24 * KiB, c, SIZE_MAX);
+    CHECK((after.address == c + 24 * KiB && after.size == 40 * KiB));
+    CHECK(set.empty());
+    CHECK(set.bytes() == 0);
+}
+
 // ---- events --------------------------------------------------------------------------------------
 
 TEST_CASE("the event pool creates events up front and in batches, on its device", "[pool][events]") {
@@ -190,22 +209,22 @@ TEST_CASE("class lists: the epoch wraps without making old blocks look uncovered
 
 // ---- recent large blocks -------------------------------------------------------------------------
 
-TEST_CASE("recent blocks: exact-size reuse newest first, the covered prefix kept through removals",
+TEST_CASE("recent blocks: exact-size reuse lowest address first, the covered prefix kept through removals",
           "[pool][recent]") {
     detail::recent_blocks recent;
     const std::size_t a = 2 * MiB, b = 3 * MiB;
-    recent.push({0x100000, a, 0});
+    recent.push({0x800000, a, 0});
     recent.push({0x400000, b, 0});
     recent.cover(); // both covered
-    recent.push({0x800000, a, 0});
+    recent.push({0x100000, a, 0});
     recent.push({0xC00000, b, 0});
     CHECK(recent.full());
     CHECK(recent.covered() == 2);
     CHECK(recent.bytes() == 2 * a + 2 * b);
     CHECK(recent.largest() == b);
-    CHECK(recent.take_exact(a, 256) == 0x800000); // the newest of that size, not covered
+    CHECK(recent.take_exact(a, 256) == 0x100000); // the lowest of that size (the newest, not covered)
     CHECK(recent.covered() == 2);
-    CHECK(recent.take_exact(a, 256) == 0x100000); // the covered one
+    CHECK(recent.take_exact(a, 256) == 0x800000); // the covered one
     CHECK(recent.covered() == 1);
     CHECK(recent.take_exact(a, 256) == 0);
     CHECK(recent.take_exact(b, 8 * MiB) == 0); // none so aligned
@@ -267,6 +286,12 @@ TEST_CASE("growth rule: chunk sizes grow with the reserve in whole pages, limits
     CHECK(rule.preferred_chunk(64 * KiB, 0) == 2 * MiB);        // the step
     CHECK(rule.preferred_chunk(64 * KiB, 20 * MiB) == 4 * MiB); // 5 MiB rounded down to pages
     CHECK(rule.preferred_chunk(5 * MiB + 1, 0) == 6 * MiB);     // the request, rounded up to pages
+    // A large request gets a whole number of blocks of its size: 16 MiB preferred holds two 6 MiB
+    // blocks (a 16 MiB chunk would leave 4 MiB that no later 6 MiB request can use), five of 3 MiB.
+    CHECK(rule.preferred_chunk(6 * MiB, 64 * MiB) == 12 * MiB);
+    CHECK(rule.preferred_chunk(3 * MiB, 64 * MiB) == 16 * MiB);
+    CHECK(rule.preferred_chunk(3 * MiB + 256, 64 * MiB) == 16 * MiB); // 5 blocks, rounded up to pages
+    CHECK(rule.preferred_chunk(9 * MiB, 64 * MiB) == 10 * MiB);       // one block, rounded up to pages
     CHECK(rule.allows(1 * MiB, 1000 * MiB, std::nullopt));      // no limit, no budget
     o.maximum_size = 8 * MiB;
     o.device_capacity = 10 * MiB;

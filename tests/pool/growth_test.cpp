@@ -175,6 +175,100 @@ TEST_CASE("large blocks are split and their free neighbours coalesced", "[pool]"
     check_accounting(pool);
 }
 
+// ---- placement: what keeps the reserve near the live bytes ----------------------------------------
+
+TEST_CASE("small chunks are sized by the small blocks' reserve, not by the large blocks'", "[pool][placement]") {
+    pool_options o;
+    o.growth_step = 2 * MiB;
+    o.growth_divisor = 4;
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream s;
+    void* weights = pool.allocate(s, 64 * MiB, 256);
+    void* small = pool.allocate(s, 4 * KiB, 256);
+    // Sized by the whole reserve, the small chunk would be 64 / 4 = 16 MiB for one 4 KiB block.
+    CHECK(pool.statistics().reserved_bytes == 66 * MiB);
+    pool.deallocate(s, small, 4 * KiB, 256);
+    pool.deallocate(s, weights, 64 * MiB, 256);
+    check_accounting(pool);
+}
+
+TEST_CASE("a large request's chunk holds a whole number of blocks of its size", "[pool][placement]") {
+    pool_options o;
+    o.growth_step = 2 * MiB;
+    o.growth_divisor = 4;
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream s;
+    void* weights = pool.allocate(s, 64 * MiB, 256);
+    void* a = pool.allocate(s, 6 * MiB, 256);
+    void* b = pool.allocate(s, 6 * MiB, 256);
+    // 64 / 4 = 16 MiB preferred: two 6 MiB blocks (12 MiB), not 16 MiB with 4 MiB no 6 MiB fits in.
+    CHECK(pool.statistics().reserved_bytes == 76 * MiB);
+    CHECK(pool.detailed_statistics().chunks == 2);
+    for (void* p : {a, b}) pool.deallocate(s, p, 6 * MiB, 256);
+    pool.deallocate(s, weights, 64 * MiB, 256);
+    check_accounting(pool);
+}
+
+namespace {
+
+/// In one 32 MiB chunk, on `s`: an 8 MiB block at 0, four of 2 MiB at 8 MiB, 12 MiB at 16 MiB; the
+/// shared set keeps the last 4 MiB. Returns the blocks, the 8 MiB one first.
+std::vector<std::pair<void*, std::size_t>> lay_out_one_chunk(stream_ordered_pool<host_memory>& pool,
+                                                             custody::host::stream& s) {
+    std::vector<std::pair<void*, std::size_t>> blocks;
+    for (std::size_t n : {8 * MiB, 2 * MiB, 2 * MiB, 2 * MiB, 2 * MiB, 12 * MiB}) {
+        blocks.emplace_back(pool.allocate(s, n, 256), n);
+    }
+    const auto p = pool.detailed_statistics();
+    REQUIRE(p.chunks == 1);
+    REQUIRE(p.shared_free_bytes == 4 * MiB);
+    return blocks;
+}
+
+} // namespace
+
+TEST_CASE("the tighter of the stream's own fit and the shared set's is taken", "[pool][placement]") {
+    pool_options o;
+    o.initial_size = 32 * MiB;
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream s;
+    auto blocks = lay_out_one_chunk(pool, s);
+    char* const base = static_cast<char*>(blocks[0].first);
+    // The 8 MiB block goes to the stream's spans (pushed out of its recent blocks by the four
+    // 2 MiB ones); the shared set holds exactly 4 MiB.
+    for (std::size_t i = 0; i < 5; ++i) pool.deallocate(s, blocks[i].first, blocks[i].second, 256);
+    void* p = pool.allocate(s, 4 * MiB, 256);
+    CHECK(p == base + 28 * MiB); // the exact fit, not the front of the 8 MiB block
+    void* whole = pool.allocate(s, 8 * MiB, 256);
+    CHECK(whole == base); // still whole
+    CHECK(pool.statistics().reserved_bytes == 32 * MiB);
+    pool.deallocate(s, whole, 8 * MiB, 256);
+    pool.deallocate(s, p, 4 * MiB, 256);
+    pool.deallocate(s, blocks[5].first, blocks[5].second, 256);
+    check_accounting(pool);
+}
+
+TEST_CASE("free space split between a stream's spans and the shared set joins before the pool grows",
+          "[pool][placement]") {
+    pool_options o;
+    o.initial_size = 32 * MiB;
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream s;
+    auto blocks = lay_out_one_chunk(pool, s);
+    char* const base = static_cast<char*>(blocks[0].first);
+    // The 12 MiB block, then the four 2 MiB ones: the stream keeps [8, 28) MiB, the shared set
+    // [28, 32) MiB. 22 MiB fits only in the two joined.
+    pool.deallocate(s, blocks[5].first, blocks[5].second, 256);
+    for (std::size_t i = 1; i < 5; ++i) pool.deallocate(s, blocks[i].first, blocks[i].second, 256);
+    void* p = pool.allocate(s, 22 * MiB, 256);
+    CHECK(p == base + 8 * MiB);
+    CHECK(pool.statistics().reserved_bytes == 32 * MiB);
+    CHECK(pool.detailed_statistics().chunks == 1);
+    pool.deallocate(s, p, 22 * MiB, 256);
+    pool.deallocate(s, blocks[0].first, blocks[0].second, 256);
+    check_accounting(pool);
+}
+
 TEST_CASE("destruction gives every chunk back and reports blocks still out", "[pool]") {
     failure_log log;
     auto pool = std::make_unique<stream_ordered_pool<simulated_device_memory>>(pool_options{}, 0, 256 * MiB);

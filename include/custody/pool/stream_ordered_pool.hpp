@@ -414,17 +414,37 @@ private:
         // must not break it: they touch nothing the capture holds.
         std::optional<basic_capture_mode_guard<platform_type>> relaxed;
         if (capture_store_.routing()) [[unlikely]] relaxed.emplace(capture_mode::relaxed);
-        if (void* p = take_own(sh, r)) return p;
-        if (void* p = take_shared(sh, r)) return p;
+        if (void* p = take_best_fit(sh, r)) return p;
         if (void* p = take_from_other_streams(stream, sh, r)) return p;
         if (void* p = take_merged(stream, sh, r)) return p;
+        if (void* p = take_joined(sh, r)) return p;
         if (void* p = take_within_initial(stream, sh, r)) return p;
         if (void* p = grow_and_take(sh, r)) return p;
         if (void* p = take_other_kind(stream, sh, r)) return p;
         return take_after_reclaim(r);
     }
 
-    /// This stream's spans of the request's kind (its recent large blocks were tried first).
+    /// The tighter of two fits, this stream's spans of the request's kind and the shared set (its
+    /// recent large blocks were tried first): searched in a fixed order, a loose fit in the first
+    /// place would cut up a block that a later request needed whole while an exact one waited in
+    /// the second. The spans win a tie (their memory is this stream's already).
+    void* take_best_fit(shard* sh, detail::request r) {
+        std::size_t own = 0;
+        if (sh != nullptr) {
+            std::lock_guard lock(sh->mutex);
+            if (!sh->spans[r.kind].empty()) own = sh->spans[r.kind].fit(r.size, r.alignment);
+        }
+        if (own != r.size) { // an exact fit cannot be beaten
+            const std::size_t shared = store_.fit(r.kind, r.size, r.alignment);
+            if (shared != 0 && (own == 0 || shared < own)) {
+                if (void* p = take_shared(sh, r)) return p;
+            }
+        }
+        if (void* p = take_own(sh, r)) return p;
+        return take_shared(sh, r);
+    }
+
+    /// This stream's spans of the request's kind.
     void* take_own(shard* sh, detail::request r) {
         if (sh == nullptr) return nullptr;
         std::lock_guard lock(sh->mutex);
@@ -465,6 +485,13 @@ private:
         if (sh->recent.empty()) return nullptr;
         streams_.merge_recent(*sh, stream);
         return reinterpret_cast<void*>(sh->take_span(block_kind::large, r.size, r.alignment));
+    }
+
+    /// This stream's spans joined with the shared set's free blocks beside them, before the pool
+    /// grows.
+    void* take_joined(shard* sh, detail::request r) {
+        if (sh == nullptr || !streams_.adopt_shared_neighbours(*sh, r.kind)) return nullptr;
+        return take_own(sh, r);
     }
 
     /// While the pool holds no more than its initial size, the initial chunk serves either kind

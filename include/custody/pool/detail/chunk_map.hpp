@@ -32,6 +32,7 @@ struct chunk_ref {
 /// Invariants:
 ///   chunks_ do not overlap
 ///   reserved_ = sum of the chunks' sizes <= peak_reserved_
+///   kind_reserved_[k] = sum of the sizes of the chunks of kind k
 ///   added_ - removed_ = |chunks_|
 /// Thread safety: thread-safe. Lookups take a shared lock, add and remove a unique one; the lock is
 /// taken after a shard's lock or the shared set's mutex, never before.
@@ -45,6 +46,7 @@ public:
             chunks_.emplace(base, info{size, kind});
         }
         added_.fetch_add(1, std::memory_order_relaxed);
+        kind_reserved_[kind].fetch_add(size, std::memory_order_relaxed);
         const std::size_t reserved = reserved_.fetch_add(size, std::memory_order_relaxed) + size;
         custody::detail::raise_peak(peak_reserved_, reserved);
     }
@@ -52,14 +54,17 @@ public:
     /// Forgets the chunk at `base` (given back to the upstream, or never kept).
     void remove(std::uintptr_t base) noexcept {
         std::size_t size = 0;
+        block_kind kind = block_kind::large;
         {
             std::unique_lock lock(mutex_);
             auto it = chunks_.find(base);
             if (it == chunks_.end()) return;
             size = it->second.size;
+            kind = it->second.kind;
             chunks_.erase(it);
         }
         removed_.fetch_add(1, std::memory_order_relaxed);
+        kind_reserved_[kind].fetch_sub(size, std::memory_order_relaxed);
         reserved_.fetch_sub(size, std::memory_order_relaxed);
     }
 
@@ -127,6 +132,10 @@ public:
         return chunks_.size();
     }
     [[nodiscard]] std::size_t reserved() const noexcept { return reserved_.load(std::memory_order_relaxed); }
+    /// The bytes of the chunks of `kind`.
+    [[nodiscard]] std::size_t reserved(block_kind kind) const noexcept {
+        return kind_reserved_[kind].load(std::memory_order_relaxed);
+    }
     [[nodiscard]] std::size_t peak_reserved() const noexcept { return peak_reserved_.load(std::memory_order_relaxed); }
     [[nodiscard]] std::uint64_t added() const noexcept { return added_.load(std::memory_order_relaxed); }
     [[nodiscard]] std::uint64_t removed() const noexcept { return removed_.load(std::memory_order_relaxed); }
@@ -148,6 +157,7 @@ private:
     mutable std::shared_mutex mutex_;
     std::map<std::uintptr_t, info> chunks_; ///< base -> chunk
     std::atomic<std::size_t> reserved_{0};
+    per_kind<std::atomic<std::size_t>> kind_reserved_{}; ///< reserved_, by the chunks' kind
     std::atomic<std::size_t> peak_reserved_{0};
     std::atomic<std::uint64_t> added_{0};   ///< chunks taken from the upstream
     std::atomic<std::uint64_t> removed_{0}; ///< chunks given back

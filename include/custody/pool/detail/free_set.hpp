@@ -82,7 +82,12 @@ public:
     }
 
     /// True when take(size, alignment) would find a block.
-    [[nodiscard]] bool fits(std::size_t size, std::size_t alignment) { return find_fit(size, alignment) != by_size_.end(); }
+    [[nodiscard]] bool fits(std::size_t size, std::size_t alignment) { return fit(size, alignment) != 0; }
+    /// The size of the block take(size, alignment) would cut from; 0 when none fits.
+    [[nodiscard]] std::size_t fit(std::size_t size, std::size_t alignment) {
+        const auto it = find_fit(size, alignment);
+        return it == by_size_.end() ? 0 : it->first;
+    }
 
     /// Removes and returns the smallest block that can hold `size` bytes starting at a multiple of
     /// `alignment`, cut to exactly that range; what is left before and after stays free. Returns a
@@ -129,6 +134,20 @@ public:
     [[nodiscard]] free_block take_at(std::uintptr_t address, std::uintptr_t chunk, std::size_t limit) noexcept {
         auto it = by_address_.find(address);
         if (it == by_address_.end() || it->second.chunk != chunk || it->second.size >= limit) return {};
+        const free_block b{it->first, it->second.size, chunk};
+        by_size_.erase({b.size, b.address});
+        by_address_.erase(it);
+        bytes_ -= b.size;
+        return b;
+    }
+
+    /// Removes and returns the block of chunk `chunk` that ends at `end`; a block of size 0 when
+    /// there is none. O(log n); never allocates.
+    [[nodiscard]] free_block take_ending_at(std::uintptr_t end, std::uintptr_t chunk) noexcept {
+        auto it = by_address_.lower_bound(end);
+        if (it == by_address_.begin()) return {};
+        --it;
+        if (it->second.chunk != chunk || it->first + it->second.size != end) return {};
         const free_block b{it->first, it->second.size, chunk};
         by_size_.erase({b.size, b.address});
         by_address_.erase(it);

@@ -38,18 +38,23 @@ public:
         : step_(o.growth_step), divisor_(o.growth_divisor), maximum_(o.maximum_size), headroom_(o.device_headroom),
           capacity_(o.device_capacity) {}
 
-    /// The chunk to try first for a block of `size` bytes when the pool holds `reserved`:
-    /// max(growth_step, reserved / growth_divisor), the latter rounded down to whole 2 MiB pages
-    /// once above 2 MiB (the GPU allocates whole pages: a page begun is a page taken), or `size`
-    /// rounded up to 2 MiB when larger. (The pool falls back to exactly `size` when this is refused.)
+    /// The chunk to try first for a block of `size` bytes when the pool holds `reserved` bytes of
+    /// chunks of the block's kind: preferred = max(growth_step, reserved / growth_divisor), the
+    /// latter rounded down to whole 2 MiB pages once above 2 MiB (the GPU allocates whole pages: a
+    /// page begun is a page taken). A large block gets a whole number of blocks of its size,
+    /// max(1, preferred / size) of them, rounded up to 2 MiB: a chunk of a size that does not
+    /// divide by the request leaves a tail too small for the next request of that size, and a
+    /// model's large requests come back at the same few sizes. (The pool falls back to exactly
+    /// `size` when this is refused.)
     [[nodiscard]] std::size_t preferred_chunk(std::size_t size, std::size_t reserved) const noexcept {
         std::size_t preferred = step_;
         if (divisor_ != 0) {
             const std::size_t share = reserved / divisor_;
             preferred = std::max(preferred, share >= chunk_rounding ? share - share % chunk_rounding : align_up(share, granule));
         }
-        if (size > preferred) preferred = align_up(size, chunk_rounding);
-        return preferred;
+        if (size <= small_threshold) return size > preferred ? align_up(size, chunk_rounding) : preferred;
+        const std::size_t blocks = std::max<std::size_t>(1, preferred / size);
+        return align_up(blocks * size, chunk_rounding);
     }
 
     /// Whether a pool holding `reserved` bytes may take `n` more: within maximum_size, and within

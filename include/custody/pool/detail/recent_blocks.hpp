@@ -52,18 +52,22 @@ public:
     /// Removes the oldest block. Precondition: !empty().
     void pop_oldest() noexcept { erase(0, 1); }
 
-    /// Takes a block of exactly `size` bytes starting at a multiple of `alignment`, newest first;
-    /// returns its address, or 0 when none fits.
+    /// Takes a block of exactly `size` bytes starting at a multiple of `alignment`, the one at the
+    /// lowest address when several fit (low addresses first keep the high ends of chunks free
+    /// together); returns its address, or 0 when none fits.
     [[nodiscard]] std::uintptr_t take_exact(std::size_t size, std::size_t alignment) noexcept {
-        for (std::size_t i = count_; i-- > 0;) {
+        std::size_t found = count_;
+        for (std::size_t i = 0; i < count_; ++i) {
             const free_block& b = blocks_[i];
-            if (b.size == size && (b.address & (alignment - 1)) == 0) {
-                const std::uintptr_t address = b.address;
-                erase(i, 1);
-                return address;
+            if (b.size == size && (b.address & (alignment - 1)) == 0 &&
+                (found == count_ || b.address < blocks_[found].address)) {
+                found = i;
             }
         }
-        return 0;
+        if (found == count_) return 0;
+        const std::uintptr_t address = blocks_[found].address;
+        erase(found, 1);
+        return address;
     }
 
     /// The shard's event was just recorded: every block held is covered.

@@ -86,6 +86,29 @@ public:
         return take_locked(kind, size, alignment, with_tail);
     }
 
+    /// The size of the free block take(kind, size, alignment, ...) would cut from; 0 when none fits.
+    [[nodiscard]] std::size_t fit(block_kind kind, std::size_t size, std::size_t alignment) {
+        std::lock_guard lock(mutex_);
+        return free_[kind].empty() ? 0 : free_[kind].fit(size, alignment);
+    }
+
+    /// Takes the free blocks of `kind` that touch one of `blocks` (free blocks kept elsewhere, of
+    /// this pool's chunks of `kind`) in the same chunk, before or after it, into `taken`. Strong:
+    /// a bad_alloc (reserving `taken`) takes nothing.
+    void take_neighbours(block_kind kind, const std::vector<free_block>& blocks, std::vector<free_block>& taken) {
+        taken.reserve(taken.size() + 2 * blocks.size());
+        std::lock_guard lock(mutex_);
+        for (const free_block& b : blocks) {
+            if (free_[kind].empty()) return;
+            if (const free_block before = free_[kind].take_ending_at(b.address, b.chunk); before.size != 0) {
+                taken.push_back(before);
+            }
+            if (const free_block after = free_[kind].take_at(b.address + b.size, b.chunk, SIZE_MAX); after.size != 0) {
+                taken.push_back(after);
+            }
+        }
+    }
+
     /// Takes a new chunk of `kind` for the request (the growth rule's size, or exactly what the
     /// request needs when that is refused) and cuts the block from the shared set. A block of size
     /// 0 when the pool may not grow or the upstream refuses.
@@ -224,9 +247,11 @@ private:
         }
     }
 
-    /// Takes a chunk of `kind` for a block needing `size` bytes (mutex_ held).
+    /// Takes a chunk of `kind` for a block needing `size` bytes (mutex_ held). Its size follows
+    /// the reserve of its own kind: small chunks sized by a reserve made of large ones would hold
+    /// a few small blocks each in hundreds of megabytes.
     bool grow(block_kind kind, std::size_t size) {
-        const std::size_t preferred = growth_.preferred_chunk(size, chunks_.reserved());
+        const std::size_t preferred = growth_.preferred_chunk(size, chunks_.reserved(kind));
         if (preferred != size && add_chunk(kind, preferred)) return true;
         return add_chunk(kind, size);
     }

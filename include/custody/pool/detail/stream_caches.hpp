@@ -171,6 +171,41 @@ public:
         sh.merge_recent(sh.recent.size(), store_.chunks());
     }
 
+    /// Moves the shared set's free blocks that touch the stream's own spans of `kind` into those
+    /// spans, where they coalesce: free space cut in two by the stream/shared boundary (a block's
+    /// chunk rest kept on the stream, the chunk's other end freed to the shared set) serves a
+    /// request neither half can. The shared blocks are idle, so any stream may keep them. True when
+    /// any moved.
+    bool adopt_shared_neighbours(shard& sh, block_kind kind) {
+        std::vector<free_block> own;
+        {
+            std::lock_guard lock(sh.mutex);
+            if (sh.spans[kind].empty()) return false;
+            own.reserve(sh.spans[kind].count()); // may throw: nothing has moved yet
+            sh.spans[kind].for_each([&](free_block b) {
+                b.kind = kind;
+                own.push_back(b);
+            });
+        }
+        std::vector<free_block> taken;
+        store_.take_neighbours(kind, own, taken);
+        if (taken.empty()) return false;
+        std::size_t kept = 0;
+        {
+            std::lock_guard lock(sh.mutex);
+            for (; kept < taken.size(); ++kept) {
+                try {
+                    sh.spans[kind].insert(taken[kept]);
+                } catch (const std::bad_alloc&) {
+                    break;
+                }
+                sh.cached += taken[kept].size;
+            }
+        }
+        for (std::size_t i = kept; i < taken.size(); ++i) store_.insert(taken[i]);
+        return true;
+    }
+
     /// The block of `t` (taken for the stream of `sh`; nullptr: a stream without a shard, whose
     /// `t` has no tail), its tail kept in the stream's large spans (in the shared set again when
     /// there is no host memory for it).
