@@ -52,9 +52,10 @@ struct pool_options {
     std::size_t initial_size = 0;
 
     /// Smallest chunk taken from the upstream when the pool must grow: 2 MiB (the GPU's large
-    /// page). Chunks grow with the pool: each is max(growth_step, reserved / growth_divisor), the
-    /// latter rounded down to whole 2 MiB pages once above 2 MiB, and a request larger than that
-    /// gets a chunk of its own size rounded up to 2 MiB.
+    /// page). Chunks grow with the pool: each is max(growth_step, reserved / growth_divisor), where
+    /// reserved counts the chunks of the request's kind (size classes or large blocks), the latter
+    /// rounded down to whole 2 MiB pages once above 2 MiB. A large request's chunk holds a whole
+    /// number of blocks of its size (at least one), rounded up to 2 MiB.
     std::size_t growth_step = std::size_t{2} << 20;
 
     /// With 32, the unused tail of the newest chunk is at most about 3% of what the pool holds, so

@@ -75,9 +75,9 @@ namespace custody::pool {
 /// **Sizes.** Every block is a multiple of 256 bytes. Requests up to 1 MiB are rounded up to one of
 /// 144 size classes (at most 6.25% above the request) and served from the calling stream's list
 /// for that class in O(1); larger requests are rounded up to 256 bytes and served from the
-/// stream's four most recent large blocks when one has exactly that size (O(1)), else by best fit
-/// from the stream's own large spans, then from the shared free set, splitting the block and
-/// coalescing free neighbours when blocks come back (O(log n)). Size-class blocks are carved (best
+/// stream's four most recent large blocks when one has exactly that size (O(1)), else by the
+/// tighter of two best fits, the stream's own large spans and the shared free set, splitting the
+/// block and coalescing free neighbours when blocks come back (O(log n)). Size-class blocks are carved (best
 /// fit) from chunks of their own, apart from large blocks. See pool/detail/size_classes.hpp.
 ///
 /// **Stream semantics.** allocate(s, ...) returns memory usable by work enqueued on s after the
@@ -107,8 +107,9 @@ namespace custody::pool {
 ///
 /// **Growth and limits.** Chunks come from the upstream through custody::try_allocate on the
 /// default stream: pool_options::initial_size at construction, then chunks of
-/// max(growth_step, reserved / growth_divisor) (whole 2 MiB pages once above 2 MiB), never beyond
-/// maximum_size nor the device budget (device_headroom). A large block cut from a chunk keeps the
+/// max(growth_step, reserved / growth_divisor) (reserved: of the chunks of the request's kind;
+/// whole 2 MiB pages once above 2 MiB; for a large request, a whole number of blocks of its size),
+/// never beyond maximum_size nor the device budget (device_headroom). A large block cut from a chunk keeps the
 /// free rest of the chunk behind it on its stream when that rest is too small for any large
 /// request. trim() gives back every chunk that is wholly free. Before throwing out_of_memory the
 /// pool waits for every stream's event, moves every cached block to the shared set (coalescing
