@@ -5,9 +5,12 @@
 # a hand-built prefix): a tool on PATH (Meson also as an importable Python module), a header where
 # the compiler finds it, a library through pkg-config or the compiler. Nothing is installed and no
 # package manager is called when nothing is missing. What is missing is installed from the
-# distribution with apt-get (Debian, Ubuntu), Python modules with pip into the python3 on PATH
-# (the one the tests run). CUSTODY_NO_INSTALL=1 never installs: it names what
-# is missing, goes on without the optional parts and fails when a required one is missing.
+# distribution with apt-get (Debian, Ubuntu). Python modules are installed for the python3 on PATH,
+# the interpreter that runs the tests, whichever it is: with `python3 -m pip` when that interpreter
+# takes pip packages (a venv, pyenv, conda, a hand-built Python), with apt-get only when it is the
+# distribution's own (externally managed, PEP 668), whose packages it is the one to import.
+# CUSTODY_NO_INSTALL=1 never installs: it names what is missing, goes on without the optional parts
+# and fails when a required one is missing.
 #
 # The CUDA Toolkit and NCCL are never installed: when present (CUDA_PATH or /usr/local/cuda), the
 # CUDA parts build too.
@@ -69,6 +72,20 @@ custody_has_fuzzer() {
 }
 # custody_has_python_module MODULE: the python3 on PATH imports it.
 custody_has_python_module() { custody_has_tool python3 && python3 -c "import $1" >/dev/null 2>&1; }
+# custody_python_is_distributions: the python3 on PATH is the distribution's own interpreter, whose
+# modules come from its packages (it is marked externally managed, and is not a venv); a pip
+# package installed for it would be refused, and an apt package is what it imports.
+custody_python_is_distributions() {
+  custody_has_tool python3 && python3 - >/dev/null 2>&1 <<'PY'
+import os, sys, sysconfig
+marked = os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))
+sys.exit(0 if marked and sys.prefix == sys.base_prefix else 1)
+PY
+}
+# custody_python_package PYPI DEBIAN: where a Python module comes from for the python3 on PATH.
+custody_python_package() {
+  if custody_python_is_distributions; then echo "$2"; else echo "pip:$1"; fi
+}
 custody_has_libdw() {
   custody_has_pkg libdw ||
     { custody_has_header elfutils/libdwfl.h && custody_has_library dw && custody_has_library elf; }
@@ -94,7 +111,7 @@ custody_part_check() { # PART: 0 when present
     python3 | pkg-config | cmake) custody_has_tool "$1" ;;
     pytest) custody_has_python_module pytest ;;
     meson-python) custody_has_python_module mesonpy ;;
-    matplotlib) custody_has_tool python3 && python3 -c 'import matplotlib' >/dev/null 2>&1 ;;
+    matplotlib) custody_has_python_module matplotlib ;;
     *) return 1 ;;
   esac
 }
@@ -109,8 +126,10 @@ custody_part_package() {
     benchmark) echo libbenchmark-dev ;;
     libdw) echo libdw-dev ;;
     fuzzer) echo clang-16 libclang-rt-16-dev ;;
-    pytest | meson-python) echo "pip:$1" ;; # into the python3 that runs the tests, whichever it is
-    matplotlib) echo python3-matplotlib ;;
+    # For the python3 that runs the tests, whichever it is (see the top of this file).
+    pytest) custody_python_package pytest python3-pytest ;;
+    meson-python) custody_python_package meson-python python3-mesonpy ;;
+    matplotlib) custody_python_package matplotlib python3-matplotlib ;;
     *) echo "$1" ;;
   esac
 }
@@ -175,7 +194,7 @@ custody_install_missing() {
       why="apt-get failed"
   fi
   if [ -z "$why" ] && [ ${#pip_packages[@]} -gt 0 ]; then
-    echo "custody: installing ${pip_packages[*]} (pip; the first run only)"
+    echo "custody: installing ${pip_packages[*]} (pip, for $(python3 -c 'import sys; print(sys.executable)' 2>/dev/null); the first run only)"
     python3 -m pip install -q "${pip_packages[@]}" >/dev/null 2>&1 || why="pip failed"
   fi
   if [ -z "$why" ]; then

@@ -60,7 +60,7 @@ class Plot(unittest.TestCase):
         p = subprocess.run([sys.executable, PLOT, self.report(), "-o", self.path("x.png")], capture_output=True,
                            text=True, env=env, timeout=300)
         self.assertEqual(p.returncode, 2)
-        self.assertIn("needs matplotlib: pip install matplotlib", p.stderr)
+        self.assertIn("needs matplotlib: %s -m pip install matplotlib" % sys.executable, p.stderr)
         self.assertFalse(os.path.exists(self.path("x.png")))
 
     @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib is not installed")
