@@ -6,18 +6,21 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <span>
 #include <utility>
 #include <vector>
 
 namespace custody_bench {
 
 /// Decoding steps of an inference server, `steps` of them: each step runs a batch (sizes drawn
-/// from CUDA-graph buckets) through `layers` layers on the compute stream, each layer taking its
-/// projections and MLP activations and giving them back before the next, and appending one page
-/// per layer to the KV cache of the running request. Every 64 steps the request ends and its KV
-/// cache is given back on the copy stream (a stream other than the one that allocated it).
+/// from CUDA-graph buckets) through `layers` layers on a compute stream (step i on
+/// computes[i % computes.size()]: a server that spreads its steps over several streams), each
+/// layer taking its projections and MLP activations and giving them back before the next, and
+/// appending one page per layer to the KV cache of the running request. Every 64 steps the request
+/// ends and its KV cache is given back on the copy stream (a stream other than the one that
+/// allocated it).
 template <class Resource, class Stream>
-void inference_workload(Resource& mr, Stream compute, Stream copy, int steps, int layers = 16) {
+void inference_workload(Resource& mr, std::span<const Stream> computes, Stream copy, int steps, int layers = 16) {
     constexpr std::size_t hidden = 4096, intermediate = 11008, element = 2, page_tokens = 16;
     constexpr std::size_t buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64};
     std::mt19937 rng(1234);
@@ -25,6 +28,7 @@ void inference_workload(Resource& mr, Stream compute, Stream copy, int steps, in
     const auto take = [&](Stream s, std::size_t n) { return std::pair{mr.allocate(s, n, 256), n}; };
     const auto give = [&](Stream s, std::pair<void*, std::size_t> b) { mr.deallocate(s, b.first, b.second, 256); };
     for (int step = 0; step < steps; ++step) {
+        const Stream compute = computes[static_cast<std::size_t>(step) % computes.size()];
         const std::size_t batch = buckets[rng() % std::size(buckets)];
         auto residual = take(compute, batch * hidden * element);
         for (int l = 0; l < layers; ++l) {
@@ -52,6 +56,12 @@ void inference_workload(Resource& mr, Stream compute, Stream copy, int steps, in
         }
     }
     for (auto b : kv) give(copy, b);
+}
+
+/// The same on one compute stream.
+template <class Resource, class Stream>
+void inference_workload(Resource& mr, Stream compute, Stream copy, int steps, int layers = 16) {
+    inference_workload(mr, std::span<const Stream>(&compute, 1), copy, steps, layers);
 }
 
 /// Training steps, `steps` of them: a forward pass through `layers` layers keeps every layer's

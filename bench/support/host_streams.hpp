@@ -10,14 +10,15 @@
 
 namespace custody_bench {
 
-/// The stream of benchmark thread `thread` (8 streams, taken in turn).
-inline custody::host::stream_view stream_of(int thread) {
+/// Stream number `i` (16 streams, taken in turn): a benchmark thread's own, or one of the several
+/// streams one thread uses.
+inline custody::host::stream_view stream_of(int i) {
     static std::vector<custody::host::stream> streams = [] {
         std::vector<custody::host::stream> v;
-        for (int i = 0; i < 8; ++i) v.emplace_back(0);
+        for (int k = 0; k < 16; ++k) v.emplace_back(0);
         return v;
     }();
-    return streams[static_cast<std::size_t>(thread) % streams.size()].view();
+    return streams[static_cast<std::size_t>(i) % streams.size()].view();
 }
 
 } // namespace custody_bench
