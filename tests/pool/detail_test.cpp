@@ -34,6 +34,7 @@ TEST_CASE("size classes cover every small size with at most 1/16 waste", "[pool]
         const std::size_t c = detail::class_of(n);
         const std::size_t size = detail::class_size(c);
         REQUIRE(c < detail::class_count);
+        REQUIRE(c == detail::compute_class_of(n)); // the fast path's table, against the formula
         REQUIRE(size >= n);
         REQUIRE(size % detail::granule == 0);
         REQUIRE(c >= previous_class); // monotone
@@ -157,17 +158,42 @@ TEST_CASE("class lists: blocks given back before a record are covered, those aft
     CHECK(lists.covered(3) == 2);
     lists.push(3, 0x3000); // after the record
     CHECK(lists.covered(3) == 2);
-    CHECK(lists.count(false) == 3);
-    CHECK(lists.count(true) == 2);
+    CHECK(lists.count(detail::which_blocks::all) == 3);
+    CHECK(lists.count(detail::which_blocks::idle) == 2);
     // The newest covered block is the second, not the uncovered third.
-    CHECK(lists.newest_covered(3, 256) == 0x2000);
-    CHECK(lists.take_newest_covered(3, 256) == 0x2000);
+    CHECK(lists.newest_covered(3, 256, detail::which_blocks::idle) == 0x2000);
+    CHECK(lists.take_newest_covered(3, 256, detail::which_blocks::idle) == 0x2000);
     CHECK(lists.covered(3) == 1);
     // Popping (the stream's own reuse) takes the newest, covered or not.
     CHECK(lists.pop(3, 256) == 0x3000);
     CHECK(lists.pop(3, 256) == 0x1000);
     CHECK(lists.covered(3) == 0);
     CHECK(lists.pop(3, 256) == 0);
+}
+
+TEST_CASE("class lists: the blocks of a size its stream reuses stay with it, the others go to other streams",
+          "[pool][classes]") {
+    detail::class_lists lists;
+    lists.push(4, 0x4000);
+    lists.push(6, 0x6000);
+    lists.on_record();
+    CHECK(lists.count(4, detail::which_blocks::idle) == 1); // covered, and the stream has not taken from the list
+    std::uintptr_t a = 0;
+    REQUIRE(lists.try_pop(4, a)); // the stream reuses size 4 ...
+    lists.push(4, a);             // ... and gives the block back
+    lists.on_record();
+    CHECK(lists.covered(4) == 1);
+    CHECK(lists.count(4, detail::which_blocks::idle) == 0); // reused since the record before last: it stays
+    CHECK(lists.count(4, detail::which_blocks::covered) == 1); // ... unless the pool cannot grow
+    CHECK(lists.newest_covered(4, 256, detail::which_blocks::idle) == 0);
+    CHECK(lists.take_newest_covered(4, 256, detail::which_blocks::idle) == 0);
+    CHECK(lists.count(6, detail::which_blocks::idle) == 1); // never reused: other streams may take it
+    CHECK(lists.count(detail::which_blocks::idle) == 1);
+    lists.on_record();
+    CHECK(lists.count(4, detail::which_blocks::idle) == 1); // two records after the reuse: no longer
+    std::vector<std::uintptr_t> taken;
+    lists.take(detail::which_blocks::idle, [&](std::uintptr_t address, std::size_t) { taken.push_back(address); });
+    CHECK(taken == std::vector<std::uintptr_t>{0x4000, 0x6000});
 }
 
 TEST_CASE("class lists: alignment is honoured and taking the covered blocks leaves the others uncovered",
@@ -181,30 +207,47 @@ TEST_CASE("class lists: alignment is honoured and taking the covered blocks leav
     lists.on_record();
     lists.push(7, 0xC000);
     std::vector<std::uintptr_t> taken;
-    lists.take(true, [&](std::uintptr_t a, std::size_t size) {
+    lists.take(detail::which_blocks::idle, [&](std::uintptr_t a, std::size_t size) {
         taken.push_back(a);
         CHECK(size == detail::class_size(a == 0xB000 ? 9 : 7));
     });
     CHECK(taken == std::vector<std::uintptr_t>{0xA000, 0xB000});
-    CHECK(lists.count(false) == 1);
-    CHECK(lists.count(true) == 0); // 0xC000 came after the record
+    CHECK(lists.count(detail::which_blocks::all) == 1);
+    CHECK(lists.count(detail::which_blocks::idle) == 0); // 0xC000 came after the record
     lists.on_record();
-    CHECK(lists.count(true) == 1);
+    CHECK(lists.count(detail::which_blocks::idle) == 1);
     CHECK(lists.largest() == detail::class_size(7));
 }
 
-TEST_CASE("class lists: the epoch wraps without making old blocks look uncovered", "[pool][classes]") {
+TEST_CASE("class lists: a block given back in the current epoch is never covered, across the tag's wrap",
+          "[pool][classes]") {
     detail::class_lists lists(std::numeric_limits<std::uint32_t>::max() - 1);
     lists.push(1, 0x1000);
-    lists.on_record(); // the last epoch before the wrap
+    lists.on_record(); // the tag wraps here within 2 records
     lists.push(2, 0x2000);
     CHECK(lists.covered(1) == 1);
     CHECK(lists.covered(2) == 0);
-    lists.on_record(); // wraps
+    lists.on_record();
     CHECK(lists.covered(1) == 1);
     CHECK(lists.covered(2) == 1);
     lists.push(2, 0x3000);
-    CHECK(lists.covered(2) == 1);
+    CHECK(lists.covered(2) == 1); // 0x3000 came after the record
+    CHECK(lists.newest_covered(2, 256, detail::which_blocks::idle) == 0x2000);
+    // Tags come round every 256 records: blocks held then are relabelled, so an old block never
+    // looks given back in the current epoch, and a new one always does.
+    detail::class_lists again;
+    again.push(5, 0x5000);
+    for (int i = 0; i < 600; ++i) {
+        again.on_record();
+        REQUIRE(again.covered(5) == 1);
+    }
+    again.push(5, 0x6000);
+    CHECK(again.covered(5) == 1);
+    again.on_record();
+    CHECK(again.covered(5) == 2);
+    std::uintptr_t a = 0;
+    CHECK(again.try_pop(5, a));
+    CHECK(a == 0x6000); // the tag never shows in an address handed out
 }
 
 // ---- recent large blocks -------------------------------------------------------------------------
@@ -337,9 +380,8 @@ TEST_CASE("peak counter: a stream's credit covers its own reuse; a new peak take
 // ---- the stream table ----------------------------------------------------------------------------
 
 namespace {
-struct fake_shard {
-    explicit fake_shard(std::uintptr_t k) : key(k) {}
-    std::uintptr_t key;
+struct fake_shard : detail::keyed {
+    explicit fake_shard(std::uintptr_t k) : keyed{k} {}
 };
 } // namespace
 

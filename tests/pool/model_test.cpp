@@ -77,8 +77,10 @@ TEST_CASE("a failure of the upstream at any call leaves the pool consistent and 
         int failures = 0;
         run(pool, k, repeat, failures);
         // A single failed growth is rescued by the fallback to an exact-size chunk; when every
-        // call fails from k on, the allocation that needed call k surfaces a typed error.
-        if (repeat) CHECK(failures > 0);
+        // call fails from k on, the allocation that needed call k surfaces a typed error. (The
+        // script's last growth is not needed: the pool grows rather than take the blocks a stream
+        // is reusing or the other kind's chunks, but takes them when it cannot grow.)
+        if (repeat && k < calls) CHECK(failures > 0);
         check_accounting(pool);
         const auto s = pool.detailed_statistics();
         CHECK(s.totals.live_allocations == 0);

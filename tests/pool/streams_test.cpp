@@ -372,3 +372,34 @@ TEST_CASE("a producer stream allocating and a consumer stream freeing keep the r
         check_accounting(pool);
     }
 }
+
+TEST_CASE("streams that take turns in one thread keep the blocks they reuse", "[pool][streams][turns]") {
+    // A thread with several streams (compute, copy, communication) that allocates and gives back on
+    // each in turn: each stream's block stays with it, rather than going to the next stream and being
+    // taken back (a slow path and a stream wait at every call).
+    for (const std::size_t n : {std::size_t{256}, 64 * KiB, 1 * MiB, 3 * MiB}) {
+        INFO("bytes " << n);
+        for (const auto policy : {reuse_policy::opportunistic, reuse_policy::follow_dependencies}) {
+            INFO("policy " << static_cast<int>(policy));
+            pool_options o;
+            o.reuse = policy;
+            stream_ordered_pool<host_memory> pool(o);
+            custody::host::stream streams[4];
+            const auto rounds = [&](int count) {
+                for (int round = 0; round < count; ++round) {
+                    for (auto& s : streams) pool.deallocate(s, pool.allocate(s, n, 256), n, 256);
+                }
+            };
+            rounds(4);
+            const custody::pool::pool_statistics before = pool.detailed_statistics();
+            rounds(1000);
+            const custody::pool::pool_statistics after = pool.detailed_statistics();
+            CHECK(after.opportunistic_reuses == before.opportunistic_reuses);
+            CHECK(after.dependency_waits == before.dependency_waits);
+            CHECK(after.reclaims == 0);
+            CHECK(after.totals.reserved_bytes == before.totals.reserved_bytes);
+            if (n <= detail::small_threshold) CHECK(after.fast_allocations - before.fast_allocations == 4000);
+            check_accounting(pool);
+        }
+    }
+}

@@ -53,6 +53,7 @@
 #include <custody/pool/pool_statistics.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -155,7 +156,8 @@ public:
           device_(detail::device_of(upstream_)), store_(upstream_, options_, device_, chunk_alignment),
           streams_(options_, device_, store_, activity_), request_limit_(detail::growth_rule(options_).request_limit()),
           capture_store_(upstream_, device_, chunk_alignment, options_.growth_step, options_.check_capture,
-                         [this](std::size_t n) { return store_.may_take(n + capture_store_.reserved_bytes()); }) {
+                         [this](std::size_t n) { return store_.may_take(n + capture_store_.reserved_bytes()); },
+                         options_.checked) {
         if (options_.initial_size > 0 && !store_.grow_exactly(block_kind::large, align_up(options_.initial_size, granule))) {
             throw out_of_memory(options_.initial_size, chunk_alignment, device_, statistics(), name,
                                 "the pool's initial size could not be taken from its upstream");
@@ -216,7 +218,7 @@ public:
         counters c = slow_.load();
         streams_.for_each([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
-            c += sh.counts;
+            c += sh.tally();
         });
         return totals(c);
     }
@@ -237,7 +239,7 @@ public:
         p.totals = totals(c);
         p.live_block_bytes = static_cast<std::size_t>(c.block_bytes);
         p.streams = streams_.size();
-        p.fast_allocations = c.allocations - slow_.allocations();
+        p.fast_allocations = c.allocations - c.slow_allocations;
         activity_.add_to(p);
         return p;
     }
@@ -311,21 +313,64 @@ private:
         return s;
     }
 
-    // ---- the fast path ----
+    // ---- the fast path: a size-class block of the stream's own lists, nothing else to look at ----
 
-    /// allocate, with the pool's device current when `stream` is the default stream.
+    /// allocate, with the pool's device current when `stream` is the default stream. The fast path
+    /// reads the request's class, the capture state, the stream's shard and its list under its
+    /// lock; everything else goes the careful way.
     [[gnu::always_inline]] void* allocate_on(stream_type stream, std::size_t bytes, std::size_t alignment) {
-        if (options_.checked) [[unlikely]] return allocate_checked(stream, bytes, alignment);
-        return take_block(stream, bytes, alignment);
+        if (bytes - 1 < capture_store_.fast_limit() && detail::fits_granule(alignment)) [[likely]] {
+            if (shard* sh = streams_.find(stream)) [[likely]] {
+                void* p = nullptr;
+                if (pop_class(*sh, detail::class_of(bytes), bytes, p)) [[likely]] return p;
+            }
+        }
+        return allocate_careful(stream, bytes, alignment);
     }
     /// deallocate, with the pool's device current when `stream` is the default stream.
     [[gnu::always_inline]] void deallocate_on(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+        if (ptr != nullptr && bytes - 1 < capture_store_.fast_limit()) [[likely]] {
+            if (shard* sh = streams_.find(stream)) [[likely]] {
+                const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+                if (streams_.give_back_class(*sh, stream, address, detail::class_of(bytes), bytes)) [[likely]] return;
+            }
+        }
+        deallocate_careful(stream, ptr, bytes, alignment);
+    }
+
+    /// The newest block of class `c` in the stream's list, for `bytes`, into `p`; false when the
+    /// list is empty. (The lock is taken by hand: nothing in between throws, and a lock_guard is
+    /// not always inlined.)
+    [[gnu::always_inline]] bool pop_class(shard& sh, std::size_t c, std::size_t bytes, void*& p) noexcept {
+        sh.mutex.lock();
+        std::uintptr_t address = 0;
+        if (!sh.classes.try_pop(c, address)) [[unlikely]] {
+            sh.mutex.unlock();
+            return false;
+        }
+        const std::size_t owed = sh.on_allocated(bytes);
+        if (owed != 0) [[unlikely]] {
+            commit_and_unlock(sh, owed);
+        } else {
+            sh.mutex.unlock();
+        }
+        p = reinterpret_cast<void*>(address);
+        return true;
+    }
+
+    // ---- the careful way: checked mode, captures, validation, large blocks, the slow path ----
+
+    [[gnu::noinline]] void* allocate_careful(stream_type stream, std::size_t bytes, std::size_t alignment) {
+        if (options_.checked) [[unlikely]] return allocate_checked(stream, bytes, alignment);
+        return take_block(stream, bytes, alignment);
+    }
+    [[gnu::noinline]] void deallocate_careful(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         if (ptr == nullptr) return;
         if (options_.checked && !forget_live(stream, ptr, bytes, alignment)) [[unlikely]] return;
         give_block(stream, ptr, bytes, alignment);
     }
 
-    [[gnu::always_inline]] void* take_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
+    void* take_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
         if (!is_pow2(alignment) || alignment > max_alignment) [[unlikely]] check_alignment(alignment, max_alignment);
         if (bytes == 0) return nullptr;
         if (bytes > request_limit_) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
@@ -339,10 +384,57 @@ private:
         }
         void* p = allocate_slow(stream, sh, r);
         on_allocated_slow(sh, r);
+        if (sh != nullptr && r.small() && r.alignment <= granule) refill(*sh, r);
         return p;
     }
 
-    [[gnu::always_inline]] void give_block(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+    /// A stream that went the slow way for a size asks for it again soon (a decode step's
+    /// activations, a request's KV pages): a few more blocks of that size go to its class list at
+    /// once, cut from free memory as one run (one tree operation), from its own spans or else the
+    /// shared set, so that its next allocations take the fast path. Up to refill_bytes of them
+    /// (halving while no run fits); never by growing the pool. They count as given back now (not
+    /// covered until the stream records again). Nothing happens on a bad_alloc.
+    [[gnu::noinline]] void refill(shard& sh, detail::request r) noexcept {
+        constexpr std::size_t refill_bytes = std::size_t{1} << 20;
+        const std::size_t most = std::min<std::size_t>(32, refill_bytes / r.size);
+        if (most == 0) return;
+        {
+            std::lock_guard lock(sh.mutex);
+            if (!reserve_class(sh, r, most)) return;
+            for (std::size_t n = most; n != 0; n /= 2) {
+                if (const std::uintptr_t run = sh.take_span(block_kind::small, n * r.size, granule)) {
+                    return keep_run(sh, r, run, n);
+                }
+            }
+        }
+        for (std::size_t n = most; n != 0; n /= 2) {
+            const std::uintptr_t run = store_.take(block_kind::small, n * r.size, granule, false).block.address;
+            if (run == 0) continue;
+            {
+                std::lock_guard lock(sh.mutex);
+                if (reserve_class(sh, r, n)) return keep_run(sh, r, run, n); // room, unless another thread took it
+            }
+            store_.insert({run, n * r.size, 0});
+            return;
+        }
+    }
+    /// Room for `n` more blocks in the class list of `r` (the shard's lock held); false on a bad_alloc.
+    static bool reserve_class(shard& sh, detail::request r, std::size_t n) noexcept {
+        try {
+            sh.classes.reserve(r.size_class, n);
+            return true;
+        } catch (const std::bad_alloc&) {
+            return false;
+        }
+    }
+    /// The `n` blocks of `r`'s size in the run at `run` into the stream's class list (its lock
+    /// held, room made), lowest address on top.
+    static void keep_run(shard& sh, detail::request r, std::uintptr_t run, std::size_t n) noexcept {
+        for (std::size_t i = n; i-- > 0;) static_cast<void>(sh.classes.push_within_capacity(r.size_class, run + i * r.size));
+        sh.count_blocks(n * r.size);
+    }
+
+    void give_block(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         const detail::request r = detail::classify(bytes, alignment);
         const auto address = reinterpret_cast<std::uintptr_t>(ptr);
         if (capture_store_.owns(address)) [[unlikely]] {
@@ -358,33 +450,38 @@ private:
         }
     }
 
-    void* pop_class(shard& sh, detail::request r) {
-        std::uintptr_t address = 0;
-        std::size_t owed = 0;
-        {
-            std::lock_guard lock(sh.mutex);
-            address = sh.classes.pop(r.size_class, r.alignment);
-            if (address == 0) return nullptr;
-            sh.cached -= r.size;
-            owed = sh.on_allocated(r);
+    /// pop_class for any alignment.
+    void* pop_class(shard& sh, detail::request r) noexcept {
+        sh.mutex.lock();
+        const std::uintptr_t address = sh.classes.pop(r.size_class, r.alignment);
+        if (address == 0) {
+            sh.mutex.unlock();
+            return nullptr;
         }
-        if (owed != 0) [[unlikely]] commit(owed);
+        const std::size_t owed = sh.on_allocated(r.bytes);
+        if (owed != 0) {
+            commit_and_unlock(sh, owed);
+        } else {
+            sh.mutex.unlock();
+        }
         return reinterpret_cast<void*>(address);
     }
 
     /// A recent large block of this stream of exactly the request's size, in O(1). Counted with
     /// the slow path's allocations (not a size-class hit).
-    void* pop_recent(shard& sh, detail::request r) {
-        std::uintptr_t address = 0;
-        std::size_t owed = 0;
-        {
-            std::lock_guard lock(sh.mutex);
-            address = sh.take_recent(r.size, r.alignment);
-            if (address == 0) return nullptr;
-            owed = sh.charge(r.bytes);
+    void* pop_recent(shard& sh, detail::request r) noexcept {
+        sh.mutex.lock();
+        const std::uintptr_t address = sh.take_recent(r.size, r.alignment);
+        if (address == 0) {
+            sh.mutex.unlock();
+            return nullptr;
         }
-        slow_.allocated(r.size, 0);
-        if (owed != 0) [[unlikely]] commit(owed);
+        const std::size_t owed = sh.on_allocated_slow(r.size, r.bytes);
+        if (owed != 0) {
+            commit_and_unlock(sh, owed);
+        } else {
+            sh.mutex.unlock();
+        }
         return reinterpret_cast<void*>(address);
     }
 
@@ -416,11 +513,12 @@ private:
         std::optional<basic_capture_mode_guard<platform_type>> relaxed;
         if (capture_store_.routing()) [[unlikely]] relaxed.emplace(capture_mode::relaxed);
         if (void* p = take_best_fit(sh, r)) return p;
-        if (void* p = take_from_other_streams(stream, sh, r)) return p;
+        if (void* p = take_from_other_streams(stream, sh, r, detail::which_blocks::idle)) return p;
         if (void* p = take_merged(stream, sh, r)) return p;
         if (void* p = take_joined(sh, r)) return p;
         if (void* p = take_within_initial(stream, sh, r)) return p;
         if (void* p = grow_and_take(sh, r)) return p;
+        if (void* p = take_from_other_streams(stream, sh, r, detail::which_blocks::covered)) return p;
         if (void* p = take_other_kind(stream, sh, r)) return p;
         return take_after_reclaim(r);
     }
@@ -457,15 +555,16 @@ private:
         return streams_.kept(sh, store_.take(r.kind, r.size, r.alignment, sh != nullptr));
     }
 
-    /// Other streams' caches, as the reuse policy allows: those whose event has completed move to
-    /// the shared set; under follow_dependencies, this stream then waits on another's event.
-    void* take_from_other_streams(stream_type stream, shard* sh, detail::request r) {
+    /// Other streams' caches, as the reuse policy allows: their blocks `which` means (idle ones
+    /// before the pool grows, any covered ones once it could not) move to the shared set once their
+    /// event has completed; under follow_dependencies, this stream then waits on another's event.
+    void* take_from_other_streams(stream_type stream, shard* sh, detail::request r, detail::which_blocks which) {
         if (options_.reuse == reuse_policy::same_stream) return nullptr;
-        if (streams_.drain_completed(sh)) {
+        if (streams_.drain_completed(sh, which)) {
             if (void* p = take_shared(sh, r)) return p;
         }
         if (options_.reuse != reuse_policy::follow_dependencies || sh == nullptr) return nullptr;
-        return reinterpret_cast<void*>(streams_.take_with_dependency(stream, *sh, r));
+        return reinterpret_cast<void*>(streams_.take_with_dependency(stream, *sh, r, which));
     }
 
     /// This stream's cache merged into its spans, before the pool grows. For a small request, its
@@ -538,8 +637,31 @@ private:
 
     // ---- counters ----
 
-    /// Adds live bytes no credit covered to the peak counter (see peak_counter). Call with no
-    /// shard lock held.
+    /// Commits `owed` live bytes of the stream of `sh` (its lock held; released here) that its
+    /// credit did not cover, to the peak counter (see peak_counter). Below the peak, one
+    /// compare-and-swap, with some slack kept as the stream's credit so that its next allocations
+    /// need none (a stream that allocates what another gives back: a request's KV pages after
+    /// another stream gave the last request's back). Past the peak, first the credit of the stream
+    /// that committed last, when its lock is free (streams taking turns in one thread give back on
+    /// one what the next allocates), then a pass over the streams.
+    [[gnu::noinline]] void commit_and_unlock(shard& sh, std::size_t owed) noexcept {
+        if (const auto extra = peak_.try_commit(owed)) {
+            sh.credit.grant(*extra);
+            sh.mutex.unlock();
+            return;
+        }
+        shard* last = last_committer_.load(std::memory_order_relaxed);
+        if (last != &sh) {
+            if (last != nullptr && last->mutex.try_lock()) { // never waits with a shard lock held
+                owed -= last->credit.give(owed);
+                last->mutex.unlock();
+            }
+            last_committer_.store(&sh, std::memory_order_relaxed);
+        }
+        sh.mutex.unlock();
+        if (owed != 0) commit(owed);
+    }
+    /// The pass over the streams past the peak (no shard lock held).
     [[gnu::noinline]] void commit(std::size_t bytes) noexcept {
         peak_.commit(bytes, [&](detail::peak_counter::reclaimer& reclaim) {
             streams_.for_each([&](shard& sh) {
@@ -550,13 +672,18 @@ private:
         });
     }
     [[gnu::noinline]] void on_allocated_slow(shard* sh, detail::request r) noexcept {
-        std::size_t owed = r.bytes;
-        if (sh != nullptr) {
-            std::lock_guard lock(sh->mutex);
-            owed = sh->charge(r.bytes);
+        if (sh == nullptr) {
+            slow_.allocated(r.size, r.bytes);
+            commit(r.bytes);
+            return;
         }
-        slow_.allocated(r.size, sh != nullptr ? 0 : r.bytes);
-        if (owed != 0) commit(owed);
+        sh->mutex.lock();
+        const std::size_t owed = sh->on_allocated_slow(r.size, r);
+        if (owed != 0) {
+            commit_and_unlock(*sh, owed);
+        } else {
+            sh->mutex.unlock();
+        }
     }
     /// A block given back without a shard (a capturing stream, or one past max_streams).
     [[gnu::noinline]] void on_deallocated_slow(detail::request r) noexcept {
@@ -585,8 +712,10 @@ private:
     std::size_t request_limit_; // larger requests fail at once (limits, budget)
 
     // store_.reserved() = live block bytes + the shards' cached + shared free + quarantined
-    detail::peak_counter peak_;    // live bytes: the shards' counts.live_bytes + slow_'s
-    detail::atomic_counters slow_; // the slow path's allocations, the frees without a shard
+    detail::peak_counter peak_;    // live bytes: the shards' live bytes + slow_'s
+    /// The shard that committed to peak_ last past the peak (a hint: see commit_and_unlock).
+    std::atomic<shard*> last_committer_{nullptr};
+    detail::atomic_counters slow_; // the calls without a shard
     detail::live_blocks live_;     // checked mode only: the blocks handed out
     // After the fields it reads (upstream_, options_, device_, store_): capture-private pools.
     detail::capture_store<Upstream> capture_store_;

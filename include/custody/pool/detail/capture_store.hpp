@@ -98,10 +98,15 @@ public:
     /// The GPU's large page: a private chunk is growth_step, or the request rounded up to this.
     static constexpr std::size_t chunk_rounding = std::size_t{2} << 20;
 
+    /// `always_careful`: the owner looks at every call itself (its checked mode); fast_limit() is
+    /// then always 0.
     capture_store(Upstream& upstream, int device, std::size_t chunk_alignment, std::size_t growth_step,
-                  capture_check check, limit_type may_take)
+                  capture_check check, limit_type may_take, bool always_careful = false)
         : upstream_(upstream), device_(device), chunk_alignment_(chunk_alignment), growth_step_(growth_step),
-          every_call_(check == capture_check::every_call), may_take_(std::move(may_take)) {}
+          every_call_(check == capture_check::every_call), always_careful_(always_careful),
+          may_take_(std::move(may_take)) {
+        update_attention();
+    }
     capture_store(const capture_store&) = delete;
     capture_store& operator=(const capture_store&) = delete;
 
@@ -119,6 +124,13 @@ public:
         }
     }
 
+    /// The owner's fast path may serve a call of `bytes` when bytes - 1 < fast_limit(): the
+    /// size-class threshold while nothing about captures concerns it (no route is open, every call
+    /// is not checked, no private memory exists, so no block given back is private) and the owner
+    /// is not always careful; else 0. One atomic load, the fast path's whole capture check. A
+    /// private block's range is published before the block is handed out, so a thread that gives
+    /// one back reads 0.
+    [[nodiscard, gnu::always_inline]] std::size_t fast_limit() const noexcept { return fast_limit_.load(std::memory_order_acquire); }
     /// The pool must look at captures on this call (a route is open, or every call is checked).
     [[nodiscard]] bool watching() const noexcept { return every_call_ || routes_.load(std::memory_order_acquire) != 0; }
     /// Some route is open: a graph is being captured with this pool's knowledge.
@@ -153,6 +165,7 @@ public:
         p->routing = true;
         routes_list_.push_back({p, std::move(filter), origin, 0});
         routes_.store(routes_list_.size(), std::memory_order_release);
+        update_attention();
     }
 
     /// Closes the route to `id`: its streams' allocations are ordinary again, and the blocks given
@@ -165,6 +178,7 @@ public:
         private_pool& p = *r->pool;
         routes_list_.erase(r);
         routes_.store(routes_list_.size(), std::memory_order_release);
+        update_attention();
         p.routing = false;
         for (auto& [key, set] : p.pending) {
             set.drain([&](const free_block& b) { keep_free(p, p.common, b); });
@@ -342,6 +356,7 @@ private:
                 throw;
             }
             ranges_.insert(base, base + n); // room reserved above
+            update_attention();
             p.reserved += n;
             reserved_.fetch_add(n, std::memory_order_relaxed);
             ++upstream_allocations_;
@@ -398,6 +413,7 @@ private:
                 p->chunks.erase(b.address);
                 chunk_owner_.erase(b.address);
                 ranges_.erase(b.address);
+                update_attention();
                 p->reserved -= b.size;
                 reserved_.fetch_sub(b.size, std::memory_order_relaxed);
                 upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(b.address), b.size, chunk_alignment_);
@@ -437,6 +453,12 @@ private:
         return f;
     }
 
+    /// fast_limit_ after a change of the routes or the ranges (mutex_ held, or at construction).
+    void update_attention() noexcept {
+        const bool quiet = !every_call_ && !always_careful_ && routes_list_.empty() && ranges_.size() == 0;
+        fast_limit_.store(quiet ? small_threshold : 0, std::memory_order_release);
+    }
+
     static std::string text(capture_pool_id id) {
         return "{" + std::to_string(id.first) + ", " + std::to_string(id.second) + "}";
     }
@@ -446,6 +468,7 @@ private:
     const std::size_t chunk_alignment_;
     const std::size_t growth_step_;
     const bool every_call_;
+    const bool always_careful_;
     const limit_type may_take_;
 
     mutable std::mutex mutex_;
@@ -461,6 +484,9 @@ private:
     std::uint64_t deallocations_ = 0;
     std::uint64_t upstream_allocations_ = 0;
     std::uint64_t upstream_deallocations_ = 0;
+    /// See fast_limit(). Last, on a line of its own: every allocate and deallocate of the owner
+    /// reads it.
+    alignas(64) std::atomic<std::size_t> fast_limit_{0};
 };
 
 } // namespace custody::pool::detail

@@ -9,141 +9,239 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 namespace custody::pool::detail {
 
-/// One size class's free blocks in a shard, newest last.
+/// A block's entry in a class list: its address (a multiple of the granule) with, in the low bits
+/// the granule leaves free, the tag of the record epoch it was given back in.
+inline constexpr std::uintptr_t tag_mask = granule - 1;
+
+/// Which of a stream's free blocks a call means.
+enum class which_blocks : unsigned char {
+    all,     ///< every block (the stream's own use, the last resort)
+    covered, ///< those given back before the stream's last record: idle once its event completes
+    idle,    ///< the covered blocks of the sizes the stream is not reusing (see class_lists): what
+             ///< other streams take before the pool grows; `covered` only once it cannot
+};
+
+/// One size class's free blocks in a shard, newest last: a stack of tagged addresses in storage of
+/// its own, so that a push or a pop on the pool's fast path is a few instructions on one line.
 ///
-/// Invariant (owner_epoch: the epoch of the class_lists that holds it):
-///   epoch_ == owner_epoch => blocks_[0, min(covered_, size)) were given back before the owner's
-///                            last record, the others after it
-///   epoch_ != owner_epoch => every block was given back before the owner's last record
-/// So a record costs O(1) for every list (the owner's epoch moves on), and a push or a pop touches
-/// one half cache line.
+/// Invariants (tag: the owner's current epoch tag):
+///   size_ <= capacity_; blocks_[0, size_) are the blocks, oldest first, each tagged with the
+///   epoch it was given back in
+///   the blocks given back since the owner's last record form the top of the stack and carry tag
+///   covered(tag) = size_ - the length of the run of entries tagged `tag` at the top: every block
+///   below that run was given back before the last record (the owner relabels its blocks before
+///   a tag comes round again, see class_lists::on_record)
+///   used_ = the epoch in which the owner last asked for a block of the list's size
 /// Thread safety: none; the shard's lock guards it.
 class alignas(32) class_list {
 public:
-    [[nodiscard]] std::size_t size() const noexcept { return blocks_.size(); }
-    [[nodiscard]] bool empty() const noexcept { return blocks_.empty(); }
+    class_list() noexcept = default;
+    class_list(const class_list&) = delete;
+    class_list& operator=(const class_list&) = delete;
+    ~class_list() { delete[] blocks_; }
 
-    /// Appends a block given back in epoch `owner_epoch`. Strong: a bad_alloc changes nothing.
-    void push(std::uintptr_t address, std::uint32_t owner_epoch) {
-        blocks_.push_back(address);
-        if (epoch_ != owner_epoch) { // the first block since the last record: all before it are covered
-            covered_ = static_cast<std::uint32_t>(blocks_.size() - 1);
-            epoch_ = owner_epoch;
-        }
+    [[nodiscard]] std::size_t size() const noexcept { return size_; }
+    [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+
+    /// Appends a block given back in the epoch tagged `tag`. Strong: a bad_alloc changes nothing.
+    void push(std::uintptr_t address, std::uintptr_t tag) {
+        if (size_ == capacity_) grow();
+        blocks_[size_++] = address | tag;
     }
 
-    /// Removes and returns the newest block when it starts at a multiple of `alignment`; 0 when the
-    /// list is empty or that block is not so aligned. O(1).
-    [[nodiscard]] std::uintptr_t pop(std::size_t alignment) noexcept {
-        if (blocks_.empty() || (alignment > granule && (blocks_.back() & (alignment - 1)) != 0)) return 0;
-        const std::uintptr_t address = blocks_.back();
-        blocks_.pop_back();
-        if (covered_ > blocks_.size()) covered_ = static_cast<std::uint32_t>(blocks_.size());
-        return address;
+    /// Makes room for `n` more blocks. Strong: a bad_alloc changes nothing.
+    void reserve(std::size_t n) {
+        while (capacity_ - size_ < n) grow();
     }
 
-    /// How many of the blocks are covered (the oldest ones).
-    [[nodiscard]] std::size_t covered(std::uint32_t owner_epoch) const noexcept {
-        return epoch_ == owner_epoch ? std::min<std::size_t>(covered_, blocks_.size()) : blocks_.size();
+    /// The same when the list has room without allocating; false (nothing changed) otherwise.
+    [[nodiscard, gnu::always_inline]] bool push_within_capacity(std::uintptr_t address, std::uintptr_t tag) noexcept {
+        if (size_ == capacity_) [[unlikely]] return false;
+        blocks_[size_++] = address | tag;
+        return true;
+    }
+
+    /// Removes the newest block into `address` for its owner, in `epoch`; false when the list is
+    /// empty. O(1).
+    [[nodiscard, gnu::always_inline]] bool try_pop(std::uintptr_t& address, std::uint32_t epoch) noexcept {
+        if (size_ == 0) [[unlikely]] return false;
+        address = blocks_[--size_] & ~tag_mask;
+        used_ = epoch;
+        return true;
+    }
+
+    /// The owner took a block from the list in `epoch` or the one before: it is reusing this size,
+    /// so its blocks serve it rather than other streams.
+    [[nodiscard]] bool in_use(std::uint32_t epoch) const noexcept { return used_ != never && epoch - used_ <= 1; }
+
+    /// The owner asked for a block of this size in `epoch` (from elsewhere, the list being empty):
+    /// it counts as reusing the size as well.
+    void mark_used(std::uint32_t epoch) noexcept { used_ = epoch; }
+
+    /// Labels every block with `tag` (at a record: every block is covered then).
+    void relabel(std::uintptr_t tag) noexcept {
+        for (std::uint32_t i = 0; i < size_; ++i) blocks_[i] = (blocks_[i] & ~tag_mask) | tag;
+    }
+
+    /// Removes and returns the newest block for its owner, in `epoch`, when it starts at a
+    /// multiple of `alignment`; 0 when the list is empty or that block is not so aligned. O(1).
+    [[nodiscard]] std::uintptr_t pop(std::size_t alignment, std::uint32_t epoch) noexcept {
+        std::uintptr_t address = 0;
+        if (size_ == 0 || ((blocks_[size_ - 1] & ~tag_mask) & (alignment - 1)) != 0) return 0;
+        return try_pop(address, epoch) ? address : 0;
+    }
+
+    /// How many of the blocks are covered (the oldest ones). O(blocks given back since the record).
+    [[nodiscard]] std::size_t covered(std::uintptr_t tag) const noexcept {
+        std::uint32_t k = size_;
+        while (k != 0 && (blocks_[k - 1] & tag_mask) == tag) --k;
+        return k;
     }
 
     /// The newest covered block when it starts at a multiple of `alignment`; 0 otherwise.
-    [[nodiscard]] std::uintptr_t newest_covered(std::uint32_t owner_epoch, std::size_t alignment) const noexcept {
-        const std::size_t k = covered(owner_epoch);
+    [[nodiscard]] std::uintptr_t newest_covered(std::uintptr_t tag, std::size_t alignment) const noexcept {
+        const std::size_t k = covered(tag);
         if (k == 0) return 0;
-        const std::uintptr_t address = blocks_[k - 1];
-        return alignment > granule && (address & (alignment - 1)) != 0 ? 0 : address;
+        const std::uintptr_t address = blocks_[k - 1] & ~tag_mask;
+        return (address & (alignment - 1)) != 0 ? 0 : address;
     }
 
-    /// Removes and returns newest_covered(owner_epoch, alignment) (0: nothing removed). O(size)
-    /// (an erase inside the list).
-    [[nodiscard]] std::uintptr_t take_newest_covered(std::uint32_t owner_epoch, std::size_t alignment) noexcept {
-        const std::uintptr_t address = newest_covered(owner_epoch, alignment);
+    /// Removes and returns newest_covered(tag, alignment) (0: nothing removed). O(size) (an erase
+    /// inside the list).
+    [[nodiscard]] std::uintptr_t take_newest_covered(std::uintptr_t tag, std::size_t alignment) noexcept {
+        const std::uintptr_t address = newest_covered(tag, alignment);
         if (address == 0) return 0;
-        const std::size_t k = covered(owner_epoch);
-        blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(k - 1));
-        if (epoch_ == owner_epoch) covered_ = static_cast<std::uint32_t>(k - 1);
+        const auto k = static_cast<std::uint32_t>(covered(tag));
+        std::copy(blocks_ + k, blocks_ + size_, blocks_ + k - 1);
+        --size_;
         return address;
     }
 
-    /// Passes the `count` oldest blocks to `f(address)` and removes them; those left (if any) came
-    /// after the owner's last record. `f` must not throw.
+    /// Passes the `count` oldest blocks to `f(address)` and removes them. `f` must not throw.
     template <class F>
-    void take_oldest(std::size_t count, std::uint32_t owner_epoch, F&& f) noexcept {
-        for (std::size_t i = 0; i < count; ++i) f(blocks_[i]);
-        blocks_.erase(blocks_.begin(), blocks_.begin() + static_cast<std::ptrdiff_t>(count));
-        covered_ = 0;
-        epoch_ = owner_epoch;
+    void take_oldest(std::size_t count, F&& f) noexcept {
+        for (std::size_t i = 0; i < count; ++i) f(blocks_[i] & ~tag_mask);
+        std::copy(blocks_ + count, blocks_ + size_, blocks_);
+        size_ -= static_cast<std::uint32_t>(count);
     }
 
-    /// After the owner's epoch wrapped to 1: no list may keep an epoch equal to the new one.
-    void forget_epoch() noexcept { epoch_ = 0; }
-
 private:
-    std::vector<std::uintptr_t> blocks_;
-    std::uint32_t covered_ = 0; ///< meaningful while epoch_ == the owner's epoch
-    std::uint32_t epoch_ = 0;
+    /// Doubles the storage (at least 8 blocks). Strong: a bad_alloc changes nothing.
+    [[gnu::noinline]] void grow() {
+        const std::uint32_t capacity = capacity_ == 0 ? 8U : 2 * capacity_;
+        auto* blocks = new std::uintptr_t[capacity];
+        std::copy(blocks_, blocks_ + size_, blocks);
+        delete[] blocks_;
+        blocks_ = blocks;
+        capacity_ = capacity;
+    }
+
+    std::uintptr_t* blocks_ = nullptr;
+    std::uint32_t size_ = 0;
+    std::uint32_t capacity_ = 0;
+    static constexpr std::uint32_t never = UINT32_MAX; ///< used_ of a list its owner never took from
+    std::uint32_t used_ = never;
 };
 
 /// A shard's lists, one per size class (list c holds blocks of class_size(c) bytes), and its
-/// record epoch: the number of times the shard's event was recorded, wrapping.
+/// record epoch: the number of times the shard's event was recorded (its tag: modulo 256).
 ///
 /// Invariant: a block is covered (given back before the stream's event was last recorded, so idle
-/// once that event completes) iff class_list::covered says so for the current epoch_.
-/// Thread safety: none; the shard's lock guards it. Memory: about 4.6 KiB without blocks.
+/// once that event completes) iff class_list::covered counts it for the current tag; no block
+/// carries the current tag but those given back in the current epoch. A record is O(1) but once
+/// every 128 records, which relabels every block held (all covered then) with a tag of the other
+/// half of the 256, which the current tag does not reach before the next relabelling.
+/// Which blocks other streams take before the pool grows (which_blocks::idle): the covered blocks
+/// of the lists their owner is not reusing (class_list::in_use). Memory a stream allocates again
+/// and again stays with it, rather than going to another stream and being taken back (four
+/// streams of one thread taking turns over one block each would otherwise take each other's block
+/// at every call); memory it only gives back (a consumer's, a copy stream's) goes at once.
+/// Thread safety: none; the shard's lock guards it. Memory: 2.3 KiB without blocks.
 class class_lists {
 public:
-    /// Empty lists whose epoch starts at `first_epoch` (>= 1; the default is the shard's), so that
-    /// the wrap can be reached in a test without 2^32 records.
-    explicit class_lists(std::uint32_t first_epoch = 1) noexcept : epoch_(first_epoch), lists_{} {}
+    /// Empty lists whose epoch starts at `first_epoch`, so that a test reaches the wraps without
+    /// records.
+    explicit class_lists(std::uint32_t first_epoch = 1) noexcept
+        : epoch_(first_epoch), tag_(first_epoch & tag_mask), lists_{} {}
 
     /// Gives back a block of class `c`. Strong: a bad_alloc changes nothing.
-    void push(std::size_t c, std::uintptr_t address) { lists_[c].push(address, epoch_); }
+    void push(std::size_t c, std::uintptr_t address) { lists_[c].push(address, tag_); }
+    /// The same when list `c` has room without allocating; false (nothing changed) otherwise.
+    [[nodiscard, gnu::always_inline]] bool push_within_capacity(std::size_t c, std::uintptr_t address) noexcept {
+        return lists_[c].push_within_capacity(address, tag_);
+    }
+    /// Makes room in list `c` for `n` more blocks. Strong: a bad_alloc changes nothing.
+    void reserve(std::size_t c, std::size_t n) { lists_[c].reserve(n); }
+    /// Takes the newest block of class `c` (alignment at most the granule) into `address`; false
+    /// when there is none.
+    [[nodiscard, gnu::always_inline]] bool try_pop(std::size_t c, std::uintptr_t& address) noexcept {
+        return lists_[c].try_pop(address, epoch_);
+    }
     /// Takes the newest block of class `c` when aligned (see class_list::pop); 0 otherwise.
     [[nodiscard]] std::uintptr_t pop(std::size_t c, std::size_t alignment) noexcept {
-        return lists_[c].pop(alignment);
+        return lists_[c].pop(alignment, epoch_);
     }
     /// How many blocks of class `c` are covered.
-    [[nodiscard]] std::size_t covered(std::size_t c) const noexcept { return lists_[c].covered(epoch_); }
-    /// The newest covered block of class `c` when aligned; 0 otherwise.
-    [[nodiscard]] std::uintptr_t newest_covered(std::size_t c, std::size_t alignment) const noexcept {
-        return lists_[c].newest_covered(epoch_, alignment);
+    [[nodiscard]] std::size_t covered(std::size_t c) const noexcept { return lists_[c].covered(tag_); }
+    /// How many blocks of class `c` `which` means (the oldest ones).
+    [[nodiscard]] std::size_t count(std::size_t c, which_blocks which) const noexcept {
+        if (which == which_blocks::all) return lists_[c].size();
+        if (which == which_blocks::idle && lists_[c].in_use(epoch_)) return 0;
+        return lists_[c].covered(tag_);
     }
-    /// Takes the newest covered block of class `c` when aligned; 0 otherwise.
-    [[nodiscard]] std::uintptr_t take_newest_covered(std::size_t c, std::size_t alignment) noexcept {
-        return lists_[c].take_newest_covered(epoch_, alignment);
+    /// The newest covered block of class `c` (and idle when `which` says so), when aligned; 0
+    /// otherwise.
+    [[nodiscard]] std::uintptr_t newest_covered(std::size_t c, std::size_t alignment, which_blocks which) const noexcept {
+        if (which == which_blocks::idle && lists_[c].in_use(epoch_)) return 0;
+        return lists_[c].newest_covered(tag_, alignment);
+    }
+    /// Takes newest_covered(c, alignment, which); 0 otherwise.
+    [[nodiscard]] std::uintptr_t take_newest_covered(std::size_t c, std::size_t alignment, which_blocks which) noexcept {
+        if (which == which_blocks::idle && lists_[c].in_use(epoch_)) return 0;
+        return lists_[c].take_newest_covered(tag_, alignment);
     }
 
-    /// The shard's event was just recorded: every block held now is covered. O(1), but for one
-    /// pass over the lists every 2^32 records (the epoch wraps).
+    /// The current epoch (records so far, from the first epoch, wrapping at 2^32).
+    [[nodiscard]] std::uint32_t epoch() const noexcept { return epoch_; }
+
+    /// The shard's event was just recorded: every block held now is covered. O(1) but once every
+    /// 128 records (see the invariant).
     void on_record() noexcept {
-        if (++epoch_ == 0) {
-            for (auto& list : lists_) list.forget_epoch();
-            epoch_ = 1;
+        ++epoch_;
+        tag_ = epoch_ & tag_mask;
+        constexpr std::uintptr_t half = (tag_mask + 1) / 2;
+        if ((tag_ & (half - 1)) == 0) {
+            for (auto& list : lists_) list.relabel(tag_ ^ half);
         }
     }
 
-    /// The number of blocks held: all of them, or the covered ones.
-    [[nodiscard]] std::size_t count(bool covered_only) const noexcept {
+    /// The owner asked for a block of class `c` that the list did not have (see class_list::in_use).
+    void mark_used(std::size_t c) noexcept { lists_[c].mark_used(epoch_); }
+
+    /// The number of blocks `which` means.
+    [[nodiscard]] std::size_t count(which_blocks which) const noexcept {
         std::size_t n = 0;
-        for (const auto& list : lists_) n += covered_only ? list.covered(epoch_) : list.size();
+        for (std::size_t c = 0; c < class_count; ++c) n += count(c, which);
         return n;
     }
 
-    /// Removes every block (or every covered one), passing each to `f(address, size)`; blocks left
-    /// behind came after the last record. `f` must not throw.
+    /// Removes the blocks `which` means, passing each to `f(address, size)`. `f` must not throw.
     template <class F>
-    void take(bool covered_only, F&& f) noexcept {
+    void take(which_blocks which, F&& f) noexcept {
         for (std::size_t c = 0; c < class_count; ++c) {
-            class_list& list = lists_[c];
             const std::size_t size = class_size(c);
-            list.take_oldest(covered_only ? list.covered(epoch_) : list.size(), epoch_,
-                             [&](std::uintptr_t address) { f(address, size); });
+            lists_[c].take_oldest(count(c, which), [&](std::uintptr_t address) { f(address, size); });
         }
+    }
+
+    /// The bytes of every block held. O(classes).
+    [[nodiscard]] std::size_t bytes() const noexcept {
+        std::size_t n = 0;
+        for (std::size_t c = 0; c < class_count; ++c) n += lists_[c].size() * class_size(c);
+        return n;
     }
 
     /// The size of the largest class that holds a block; 0 when none does.
@@ -155,9 +253,9 @@ public:
     }
 
 private:
-    /// >= 1: 1 + records so far, wrapping from 2^32 - 1 to 1 (see on_record). Before the lists, so
-    /// that it shares a cache line with the shard's other hot fields.
+    /// Before the lists, so that they share a cache line with the shard's other hot fields.
     std::uint32_t epoch_;
+    std::uintptr_t tag_; ///< epoch_ modulo 256 (< granule)
     std::array<class_list, class_count> lists_;
 };
 

@@ -19,12 +19,14 @@ namespace custody::pool::detail {
 /// is its size rounded up to this; a chunk sized by growth_divisor is rounded down to it.
 inline constexpr std::size_t chunk_rounding = std::size_t{2} << 20;
 
-/// `o` with its defaults applied: growth_step 0 becomes the granule, record_interval 0 becomes 1,
+/// `o` with its defaults applied: growth_step 0 becomes the granule, record_interval 0 becomes 1
+/// (and one above 2^32 - 1 becomes that),
 /// growth_step is rounded up to the granule. Throws std::invalid_argument for max_streams == 0.
 [[nodiscard]] inline pool_options validated(pool_options o) {
     if (o.max_streams == 0) throw std::invalid_argument("custody: pool_options::max_streams must be at least 1");
     if (o.growth_step == 0) o.growth_step = granule;
     if (o.record_interval == 0) o.record_interval = 1;
+    o.record_interval = std::min<std::size_t>(o.record_interval, UINT32_MAX); // a shard counts it in 32 bits
     o.growth_step = align_up(o.growth_step, granule);
     return o;
 }

@@ -6,39 +6,66 @@
 #include <custody/core/detail/atomic_peak.hpp>
 #include <custody/pool/detail/spin_mutex.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
+#include <optional>
 
 namespace custody::pool::detail {
 
-/// The bytes given back on one stream that stay counted in the pool's committed total (see
-/// peak_counter). Thread safety: none; the stream's shard lock guards it.
+/// One stream's live bytes and its credit: the bytes given back on it that stay counted in the
+/// pool's committed total (see peak_counter). Kept as the credit and what the peak counter counts
+/// for the stream (held), so that a free is one addition and an allocation one subtraction and a
+/// sign test.
+///
+/// Invariant: credit_ >= 0 between calls; the stream's live bytes are held_ - credit_ (negative
+/// when the stream gave back more than it allocated: blocks of other streams).
+/// Thread safety: none; the stream's shard lock guards it.
 class peak_credit {
 public:
-    /// Covers `bytes` of a new allocation on this stream from the credit; returns what the credit
-    /// did not cover (bytes to commit).
-    [[nodiscard]] std::size_t charge(std::size_t bytes) noexcept {
-        if (bytes_ >= bytes) {
-            bytes_ -= bytes;
-            return 0;
-        }
-        const std::size_t owed = bytes - bytes_;
-        bytes_ = 0;
+    /// Adds `bytes` of a new allocation on this stream to its live bytes, covered by the credit as
+    /// far as it goes; returns what the credit did not cover (bytes to commit).
+    [[nodiscard, gnu::always_inline]] std::size_t charge(std::size_t bytes) noexcept {
+        credit_ -= static_cast<std::int64_t>(bytes);
+        if (credit_ >= 0) [[likely]] return 0;
+        const auto owed = static_cast<std::size_t>(-credit_);
+        held_ -= credit_;
+        credit_ = 0;
         return owed;
     }
-    /// Keeps `bytes` given back on this stream as credit.
-    void add(std::size_t bytes) noexcept { bytes_ += bytes; }
+    /// `bytes` given back on this stream: they leave its live bytes and stay as credit.
+    [[gnu::always_inline]] void add(std::size_t bytes) noexcept { credit_ += static_cast<std::int64_t>(bytes); }
+    /// `bytes` newly committed for this stream beyond its live bytes (peak_counter::try_commit's
+    /// slack): credit for its next allocations.
+    void grant(std::size_t bytes) noexcept {
+        credit_ += static_cast<std::int64_t>(bytes);
+        held_ += static_cast<std::int64_t>(bytes);
+    }
+    /// Gives up to `want` bytes of credit to another stream, whose live bytes they then cover (the
+    /// committed total is unchanged); returns how many.
+    [[nodiscard]] std::size_t give(std::size_t want) noexcept {
+        const std::size_t given = std::min(want, static_cast<std::size_t>(credit_));
+        credit_ -= static_cast<std::int64_t>(given);
+        held_ -= static_cast<std::int64_t>(given);
+        return given;
+    }
     /// Takes the whole credit back (the peak counter then uncounts it).
     [[nodiscard]] std::size_t take_all() noexcept {
-        const std::size_t b = bytes_;
-        bytes_ = 0;
+        const std::size_t b = bytes();
+        held_ -= credit_;
+        credit_ = 0;
         return b;
     }
-    [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+    /// The credit.
+    [[nodiscard]] std::size_t bytes() const noexcept { return static_cast<std::size_t>(credit_); }
+    /// The stream's live bytes (requested bytes allocated on it minus those given back on it).
+    [[nodiscard]] std::int64_t live() const noexcept { return held_ - credit_; }
 
 private:
-    std::size_t bytes_ = 0;
+    std::int64_t credit_ = 0;
+    std::int64_t held_ = 0;
 };
 
 /// Live bytes and their exact peak.
@@ -77,6 +104,22 @@ public:
         peak_counter& counter_;
         std::size_t now_;
     };
+
+    /// Adds `bytes` live bytes that no credit covered, and up to `slack_share` of the headroom below
+    /// the peak more (at least `bytes`) for the caller to keep as credit, while that stays at or
+    /// below the peak: one compare-and-swap, no lock. Returns the slack added, or nothing (nothing
+    /// added) past the peak (then commit). May be called with the caller's stream lock held: its
+    /// credit must take the slack before any pass can visit it (a pass runs only while committed_
+    /// is above the peak, when this refuses).
+    [[nodiscard, gnu::always_inline]] std::optional<std::size_t> try_commit(std::size_t bytes) noexcept {
+        std::size_t seen = committed_.load(std::memory_order_relaxed);
+        const std::size_t peak = this->peak();
+        while (seen <= peak && bytes <= peak - seen) {
+            const std::size_t extra = std::min(std::max(bytes, peak / 64), peak - seen - bytes);
+            if (committed_.compare_exchange_weak(seen, seen + bytes + extra, std::memory_order_relaxed)) return extra;
+        }
+        return std::nullopt;
+    }
 
     /// Adds live bytes that no credit covered, raising the peak exactly when they make one. Past the
     /// peak, calls `for_each_credit(reclaimer&)`, which visits the streams (each under its lock)

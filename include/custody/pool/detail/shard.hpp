@@ -12,6 +12,7 @@
 #include <custody/pool/detail/recent_blocks.hpp>
 #include <custody/pool/detail/request.hpp>
 #include <custody/pool/detail/spin_mutex.hpp>
+#include <custody/pool/detail/stream_table.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -25,8 +26,10 @@ namespace custody::pool::detail {
 /// streams' locks never share a line.
 ///
 /// Invariants (under mutex):
-///   cached = the bytes of the blocks in classes + spans[small].bytes() + spans[large].bytes()
-///            + recent.bytes()
+///   cached_bytes() = classes.bytes() + spans[small].bytes() + spans[large].bytes() + recent.bytes()
+///   counts.block_bytes = the live block bytes counted on this stream + classes.bytes(): a block
+///   moving between the stream's class lists and its user (the fast path) changes neither, so the
+///   fast path counts no bytes but the live ones; tally() takes the lists' bytes back out
 ///   every block in classes, spans and recent was given back on this stream (or was idle when
 ///   taken: the rest of a large block's chunk, kept beside it)
 ///   covered blocks: those classes.covered() and recent.covered() count, and all of spans;
@@ -34,68 +37,102 @@ namespace custody::pool::detail {
 ///   are idle. Only covered blocks leave the shard for another stream (except after the pool
 ///   synchronized the device).
 ///   1 <= to_record <= record_interval; to_record == record_interval => every block is covered
-///   uncovered_bytes = bytes given back since the last record
-///   counts.live_bytes and credit: see peak_counter
+///   uncovered_bytes = bytes given back (as requested) since the last record; record_limit: the bytes that make
+///   the stream record again, fixed at each record (and at creation)
+///   credit: the stream's live bytes and its credit (see peak_counter); counts.live_bytes is
+///   not kept here (tally() fills it in)
 /// Thread safety: the pool takes `mutex` around every use but of `key` (immutable).
 template <class Event>
-struct alignas(64) shard {
-    shard(std::uintptr_t stream_key, Event e, std::size_t record_interval)
-        : key(stream_key), event(std::move(e)), to_record(record_interval) {}
+struct alignas(64) shard : keyed { // keyed: `key`, the stream's, immutable
+    shard(std::uintptr_t stream_key, Event e, std::size_t record_interval, std::size_t first_record_limit)
+        : keyed{stream_key}, event(std::move(e)), to_record(static_cast<std::uint32_t>(record_interval)),
+          record_limit(first_record_limit) {}
     shard(const shard&) = delete;
     shard& operator=(const shard&) = delete;
 
-    const std::uintptr_t key; ///< Platform::stream_key of the stream
     mutable spin_mutex mutex;
     Event event;
-    std::size_t cached = 0;
     counters counts;
     peak_credit credit;
-    std::size_t to_record;           ///< frees left before the next record
+    std::uint32_t to_record;         ///< frees left before the next record (32 bits: see validated)
     std::size_t uncovered_bytes = 0; ///< bytes given back since the last record
+    std::size_t record_limit;        ///< uncovered_bytes that make the stream record
     class_lists classes;             ///< free size-class blocks, and which of them are covered
     /// spans[small]: size-class blocks merged (coalesced); spans[large]: larger blocks, and the
     /// rests of the chunks of this stream's large blocks
     per_kind<free_set> spans;
     recent_blocks recent; ///< the large blocks given back most recently
+    static constexpr std::uint32_t never = UINT32_MAX;
+    std::uint32_t recent_used = never; ///< the epoch of the last take from recent
 
     // ---- accounting ----
 
-    /// Counts an allocation of `r` served from this shard's own lists; returns the live bytes its
-    /// credit did not cover (to commit to the peak counter).
-    [[nodiscard]] std::size_t on_allocated(request r) noexcept {
+    /// Counts a block of a class list handed out for `bytes`; returns the live bytes its credit did
+    /// not cover (to commit to the peak counter).
+    [[nodiscard, gnu::always_inline]] std::size_t on_allocated(std::size_t bytes) noexcept {
         ++counts.allocations;
-        counts.block_bytes += static_cast<std::int64_t>(r.size);
-        return charge(r.bytes);
+        return charge(bytes);
+    }
+    /// Counts a block of `size` bytes from elsewhere than the class lists (the slow path, the recent
+    /// blocks) handed out for `r`; returns what the credit did not cover. The stream counts as
+    /// reusing the request's size (see class_lists).
+    [[nodiscard]] std::size_t on_allocated_slow(std::size_t size, request r) noexcept {
+        if (r.small()) {
+            classes.mark_used(r.size_class);
+        } else {
+            recent_used = classes.epoch();
+        }
+        return on_allocated_slow(size, r.bytes);
+    }
+    /// The same without a size to mark.
+    [[nodiscard]] std::size_t on_allocated_slow(std::size_t size, std::size_t bytes) noexcept {
+        ++counts.allocations;
+        ++counts.slow_allocations;
+        counts.block_bytes += static_cast<std::int64_t>(size);
+        return charge(bytes);
     }
     /// Adds `bytes` to the stream's live bytes; returns what its credit did not cover.
-    [[nodiscard]] std::size_t charge(std::size_t bytes) noexcept {
-        counts.live_bytes += static_cast<std::int64_t>(bytes);
-        return credit.charge(bytes);
-    }
-    /// Counts `r` given back on this stream; its bytes become credit.
-    void on_deallocated(request r) noexcept {
+    [[nodiscard, gnu::always_inline]] std::size_t charge(std::size_t bytes) noexcept { return credit.charge(bytes); }
+    /// Counts a block given back on this stream for `bytes` into a class list; they become credit.
+    [[gnu::always_inline]] void on_deallocated(std::size_t bytes) noexcept {
         ++counts.deallocations;
-        counts.block_bytes -= static_cast<std::int64_t>(r.size);
-        counts.live_bytes -= static_cast<std::int64_t>(r.bytes);
-        credit.add(r.bytes);
+        credit.add(bytes);
+    }
+    /// Counts `size` bytes of blocks that left the counts' reach: given back on this stream into
+    /// another structure than a class list (or lost), or taken out of the class lists.
+    void uncount_blocks(std::size_t size) noexcept { counts.block_bytes -= static_cast<std::int64_t>(size); }
+    /// Counts `size` bytes of blocks that joined the class lists from elsewhere.
+    void count_blocks(std::size_t size) noexcept { counts.block_bytes += static_cast<std::int64_t>(size); }
+
+    /// The stream's counts, its live bytes included. O(classes).
+    [[nodiscard]] counters tally() const noexcept {
+        counters c = counts;
+        c.block_bytes -= static_cast<std::int64_t>(classes.bytes());
+        c.live_bytes = credit.live();
+        return c;
+    }
+    /// The bytes of every free block the stream holds. O(classes).
+    [[nodiscard]] std::size_t cached_bytes() const noexcept {
+        return classes.bytes() + spans[block_kind::small].bytes() + spans[block_kind::large].bytes() + recent.bytes();
     }
 
     // ---- covering ----
 
     /// Some block was given back since the last record.
     [[nodiscard]] bool dirty(std::size_t record_interval) const noexcept { return to_record != record_interval; }
-    /// Counts a block of `size` bytes stored; true when the event is due to be recorded.
-    [[nodiscard]] bool stored(std::size_t size, std::size_t record_bytes) noexcept {
-        cached += size;
-        uncovered_bytes += size;
-        return --to_record == 0 || uncovered_bytes >= record_bytes;
+    /// Counts a block given back for `bytes` and stored; true when the event is due to be recorded.
+    [[nodiscard, gnu::always_inline]] bool stored(std::size_t bytes) noexcept {
+        uncovered_bytes += bytes;
+        return --to_record == 0 || uncovered_bytes >= record_limit;
     }
-    /// The event was just recorded on the stream: every block held is covered.
-    void on_recorded(std::size_t record_interval) noexcept {
+    /// The event was just recorded on the stream: every block held is covered; the next record
+    /// comes after `record_interval` frees or `next_limit` bytes.
+    void on_recorded(std::size_t record_interval, std::size_t next_limit) noexcept {
         classes.on_record();
         recent.cover();
-        to_record = record_interval;
+        to_record = static_cast<std::uint32_t>(record_interval);
         uncovered_bytes = 0;
+        record_limit = next_limit;
     }
 
     // ---- taking ----
@@ -103,15 +140,21 @@ struct alignas(64) shard {
     /// Takes a block of `size` bytes at `alignment` from spans[kind] (best fit); 0 when none fits.
     [[nodiscard]] std::uintptr_t take_span(block_kind kind, std::size_t size, std::size_t alignment) {
         if (spans[kind].empty()) return 0;
-        const free_block b = spans[kind].take(size, alignment);
-        cached -= b.size;
-        return b.address;
+        return spans[kind].take(size, alignment).address;
     }
     /// Takes a recent large block of exactly `size` bytes at `alignment`; 0 when none fits.
     [[nodiscard]] std::uintptr_t take_recent(std::size_t size, std::size_t alignment) noexcept {
         const std::uintptr_t address = recent.take_exact(size, alignment);
-        if (address != 0) cached -= size;
+        if (address != 0) recent_used = classes.epoch();
         return address;
+    }
+    /// The stream took one of its recent blocks in this epoch or the one before: it is reusing
+    /// them, so they serve it rather than other streams (see class_lists).
+    [[nodiscard]] bool recent_in_use() const noexcept { return recent_used != never && classes.epoch() - recent_used <= 1; }
+    /// How many recent blocks `which` means (the oldest ones).
+    [[nodiscard]] std::size_t recent_count(which_blocks which) const noexcept {
+        if (which == which_blocks::all) return recent.size();
+        return which == which_blocks::idle && recent_in_use() ? 0 : recent.covered();
     }
     // ---- moving blocks between the shard's structures ----
 
@@ -148,18 +191,24 @@ struct alignas(64) shard {
     /// could store go to `lost(size)`.
     template <class Lost>
     void merge_classes(std::vector<free_block>& scratch, const chunk_map& chunks, Lost&& lost) noexcept {
-        classes.take(false, [&](std::uintptr_t a, std::size_t size) { scratch.push_back({a, size, 0}); });
-        cached -= chunks.insert_runs(scratch, spans, lost);
+        classes.take(which_blocks::all, [&](std::uintptr_t a, std::size_t size) {
+            scratch.push_back({a, size, 0});
+            uncount_blocks(size);
+        });
+        chunks.insert_runs(scratch, spans, lost);
     }
 
-    /// Takes every block (or the covered ones) out of the shard, chunks to be looked up by the
-    /// receiver. Strong: throws bad_alloc before taking anything.
-    [[nodiscard]] std::vector<free_block> take_blocks(bool covered_only, std::size_t record_interval) {
+    /// Takes the blocks `which` means out of the shard (every span's: they are covered), chunks to
+    /// be looked up by the receiver. Strong: throws bad_alloc before taking anything.
+    [[nodiscard]] std::vector<free_block> take_blocks(which_blocks which, std::size_t record_interval) {
         std::vector<free_block> blocks;
-        const std::size_t from_recent = covered_only ? recent.covered() : recent.size();
+        const std::size_t from_recent = recent_count(which);
         blocks.reserve(spans[block_kind::small].count() + spans[block_kind::large].count() + from_recent +
-                       classes.count(covered_only));
-        classes.take(covered_only, [&](std::uintptr_t a, std::size_t size) { blocks.push_back({a, size, 0}); });
+                       classes.count(which));
+        classes.take(which, [&](std::uintptr_t a, std::size_t size) {
+            blocks.push_back({a, size, 0});
+            uncount_blocks(size);
+        });
         recent.take_oldest(from_recent, [&](const free_block& b) { blocks.push_back(b); });
         for (block_kind kind : block_kinds) {
             spans[kind].drain([&](free_block b) {
@@ -167,18 +216,13 @@ struct alignas(64) shard {
                 blocks.push_back(b);
             });
         }
-        for (const auto& b : blocks) cached -= b.size;
-        if (!covered_only) {
-            to_record = record_interval;
+        if (which == which_blocks::all) {
+            to_record = static_cast<std::uint32_t>(record_interval);
             uncovered_bytes = 0;
         }
         return blocks;
     }
 
-    /// The bytes of the size-class lists.
-    [[nodiscard]] std::size_t class_bytes() const noexcept {
-        return cached - spans[block_kind::small].bytes() - spans[block_kind::large].bytes() - recent.bytes();
-    }
     /// The largest free block held.
     [[nodiscard]] std::size_t largest() const noexcept {
         std::size_t n = std::max(recent.largest(), classes.largest());

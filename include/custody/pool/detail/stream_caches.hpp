@@ -73,6 +73,12 @@ public:
 
     // ---- finding a stream's shard ----
 
+    /// The stream's shard when it has one already (the fast path's lookup: no creation, no lock,
+    /// no write); nullptr otherwise. (No platform gives a stream the key keyed::no_key.)
+    [[nodiscard, gnu::always_inline]] shard* find(stream_type stream) const noexcept {
+        return table_.find(platform_type::stream_key(stream));
+    }
+
     /// The stream's shard, made at its first use; nullptr when max_streams shards exist.
     /// Lock-free when the shard exists. Throws std::invalid_argument for a stream of another
     /// device, and what making an event throws.
@@ -110,22 +116,39 @@ private:
                                             std::to_string(platform_type::stream_device(stream)) +
                                             " used with a pool of device " + std::to_string(device_));
             }
-            return std::make_unique<shard>(key, events_.acquire(), record_interval_);
+            return std::make_unique<shard>(key, events_.acquire(), record_interval_, record_threshold());
         });
     }
 
 public:
     // ---- giving back ----
 
+    /// The fast path's free: a block of size class `c` given back for `bytes` on the shard's
+    /// stream, kept in its class list when the list has room without allocating. False (nothing
+    /// changed) otherwise: then give_back.
+    [[nodiscard, gnu::always_inline]] bool give_back_class(shard& sh, stream_type stream, std::uintptr_t address,
+                                                           std::size_t c, std::size_t bytes) noexcept {
+        sh.mutex.lock(); // by hand: nothing in between throws, and a lock_guard is not always inlined
+        if (!sh.classes.push_within_capacity(c, address)) [[unlikely]] {
+            sh.mutex.unlock();
+            return false;
+        }
+        if (sh.stored(bytes)) [[unlikely]] cover(sh, stream);
+        sh.on_deallocated(bytes);
+        sh.mutex.unlock();
+        return true;
+    }
+
     /// Keeps a block given back on the shard's stream; counts it lost when there is no host
     /// memory to hold it.
-    [[gnu::always_inline]] void give_back(shard& sh, stream_type stream, std::uintptr_t address, request r) noexcept {
+    void give_back(shard& sh, stream_type stream, std::uintptr_t address, request r) noexcept {
         bool stored = false;
         {
             std::lock_guard lock(sh.mutex);
             stored = store_in(sh, stream, address, r);
-            if (stored && sh.stored(r.size, record_threshold())) [[unlikely]] cover(sh, stream);
-            sh.on_deallocated(r);
+            if (stored && sh.stored(r.bytes)) [[unlikely]] cover(sh, stream);
+            sh.on_deallocated(r.bytes);
+            if (!stored || !r.small()) sh.uncount_blocks(r.size); // not in a class list
         }
         if (!stored) store_.lose(r.size);
     }
@@ -151,8 +174,8 @@ public:
     /// covered blocks). True when any moved.
     bool merge_classes(shard& sh, stream_type stream, std::size_t threshold) {
         std::lock_guard lock(sh.mutex);
-        if (sh.class_bytes() < threshold) return false;
-        const std::size_t count = sh.classes.count(false);
+        if (sh.classes.bytes() < threshold) return false;
+        const std::size_t count = sh.classes.count(which_blocks::all);
         if (count == 0) return false;
         // Sorted by address, blocks cut one after another from a span (a request's KV pages)
         // form runs that go into the tree as one block: one insert per run, not per block.
@@ -199,7 +222,6 @@ public:
                 } catch (const std::bad_alloc&) {
                     break;
                 }
-                sh.cached += taken[kept].size;
             }
         }
         for (std::size_t i = kept; i < taken.size(); ++i) store_.insert(taken[i]);
@@ -216,7 +238,6 @@ public:
                 std::lock_guard lock(sh->mutex);
                 try {
                     sh->spans[block_kind::large].insert(t.tail);
-                    sh->cached += t.tail.size;
                     in_spans = true;
                 } catch (const std::bad_alloc&) {
                 }
@@ -228,17 +249,17 @@ public:
 
     // ---- other streams' caches ----
 
-    /// Moves the covered blocks of other streams whose event has completed to the shared set.
-    /// True when anything moved. Never waits.
-    bool drain_completed(const shard* self) {
+    /// Moves the blocks `which` means (covered or idle) of other streams whose event has completed
+    /// to the shared set. True when anything moved. Never waits.
+    bool drain_completed(const shard* self, which_blocks which) {
         bool moved = false;
         table_.for_each([&](shard& other) {
             if (&other == self) return;
             std::vector<free_block> blocks;
             {
                 std::lock_guard lock(other.mutex);
-                if (other.cached == 0 || !other.event.ready()) return;
-                blocks = other.take_blocks(true, record_interval_);
+                if (other.cached_bytes() == 0 || !other.event.ready()) return;
+                blocks = other.take_blocks(which, record_interval_);
             }
             if (blocks.empty()) return;
             store_.insert_runs(blocks);
@@ -251,12 +272,12 @@ public:
     /// Finds a covered block for `r` in another stream's cache, makes `stream` wait on that
     /// stream's event (no host synchronization but for the default stream, see wait_for) and
     /// takes the block; 0 when none fits.
-    std::uintptr_t take_with_dependency(stream_type stream, shard& self, request r) {
+    std::uintptr_t take_with_dependency(stream_type stream, shard& self, request r, which_blocks which) {
         std::uintptr_t address = 0;
         table_.for_each([&](shard& other) {
             if (address != 0 || &other == &self) return;
             std::lock_guard lock(other.mutex);
-            if (other.cached != 0) address = take_covered(stream, other, r);
+            if (other.cached_bytes() != 0) address = take_covered(stream, other, r, which);
         });
         if (address != 0) activity_counters::count(activity_.dependency_waits);
         return address;
@@ -273,13 +294,13 @@ public:
         table_.for_each([&](shard& sh) {
             if (taken.size() == taken.capacity()) return; // a shard created during the reclaim
             std::lock_guard lock(sh.mutex);
-            if (sh.cached == 0) return;
+            if (sh.cached_bytes() == 0) return;
             if (!sh.dirty(record_interval_)) {
                 sh.event.synchronize();
             } else {
                 uncovered = true;
             }
-            taken.push_back(sh.take_blocks(false, record_interval_));
+            taken.push_back(sh.take_blocks(which_blocks::all, record_interval_));
         });
         if (uncovered) {
             try {
@@ -308,9 +329,10 @@ public:
     void add_to(pool_statistics& p, counters& c) const {
         table_.for_each([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
-            c += sh.counts;
-            p.per_stream.push_back({sh.key, sh.cached});
-            p.stream_cached_bytes += sh.cached;
+            c += sh.tally();
+            const std::size_t cached = sh.cached_bytes();
+            p.per_stream.push_back({sh.key, cached});
+            p.stream_cached_bytes += cached;
             p.largest_free_block = std::max(p.largest_free_block, sh.largest());
         });
     }
@@ -330,7 +352,7 @@ private:
                 report_failure("stream_ordered_pool: recording a stream's event and synchronizing the stream failed");
             }
         }
-        sh.on_recorded(record_interval_);
+        sh.on_recorded(record_interval_, record_threshold());
     }
 
     /// Puts a block into its class list, or among the recent large blocks (its lock held). False
@@ -357,13 +379,13 @@ private:
 
     /// A covered block of `other` (its lock held) for `r`, taken behind `other`'s event; 0 when
     /// none fits. The wait comes first: a failed wait takes nothing.
-    std::uintptr_t take_covered(stream_type stream, shard& other, request r) {
-        if (r.small() && other.classes.newest_covered(r.size_class, r.alignment) != 0) {
+    std::uintptr_t take_covered(stream_type stream, shard& other, request r, which_blocks which) {
+        if (r.small() && other.classes.newest_covered(r.size_class, r.alignment, which) != 0) {
             wait_for(stream, other.event);
-            other.cached -= r.size;
-            return other.classes.take_newest_covered(r.size_class, r.alignment);
+            other.uncount_blocks(r.size); // out of its class list
+            return other.classes.take_newest_covered(r.size_class, r.alignment, which);
         }
-        if (!r.small() && other.recent.covered() != 0) other.merge_recent(other.recent.covered(), store_.chunks());
+        if (!r.small() && other.recent_count(which) != 0) other.merge_recent(other.recent_count(which), store_.chunks());
         if (!other.spans[r.kind].fits(r.size, r.alignment)) return 0;
         wait_for(stream, other.event);
         return other.take_span(r.kind, r.size, r.alignment);
@@ -382,6 +404,8 @@ private:
     /// The bytes given back since a stream's last record that make it record again:
     /// min(record_bytes, reserve / record_share), so that a stream that gives back another's
     /// blocks (a consumer) covers them before that stream (the producer) must grow the pool.
+    /// Taken at each record for the next (a division: not on every free); the reserve read then
+    /// is at most record_interval frees old.
     [[nodiscard]] std::size_t record_threshold() const noexcept {
         return record_share_ == 0 ? record_bytes_ : std::min(record_bytes_, store_.reserved() / record_share_);
     }
