@@ -68,6 +68,13 @@ struct pool_options {
     /// budget below.
     std::size_t maximum_size = SIZE_MAX;
 
+    /// Over an upstream that maps memory (resource::virtual_memory): the bytes of wholly free
+    /// granules the pool's shared free memory keeps mapped; beyond them, granules are unmapped as
+    /// they come back (and all of them by trim() and before out_of_memory). Mapping never waits
+    /// for it: before mapping, the pool unmaps as many idle free granules as it maps. TODO: default
+    /// from the replays.
+    std::size_t release_threshold = 0;
+
     /// Cross-stream reuse (see reuse_policy). Default: follow_dependencies, as cudaMallocAsync.
     reuse_policy reuse = reuse_policy::follow_dependencies;
 

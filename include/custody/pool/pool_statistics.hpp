@@ -40,7 +40,12 @@ struct pool_statistics {
     std::size_t capture_free_bytes = 0;       ///< free in them: reusable by their later captures only
     std::size_t capture_pools = 0;            ///< capture-private pools alive
     std::size_t largest_free_block = 0;  ///< over the shared set and every stream's large blocks
-    std::size_t chunks = 0;              ///< upstream chunks held
+    std::size_t chunks = 0;              ///< upstream chunks held (0 when the pool maps granules)
+    /// When the pool grows by mapping (docs/pool.md): the address space it reserved and the granule
+    /// it maps; upstream_allocations and upstream_deallocations then count map and unmap calls.
+    std::size_t address_space_bytes = 0;
+    std::size_t peak_address_span_bytes = 0; ///< the most of it in use: per region, its start to its highest mapped end
+    std::size_t map_granule = 0;
     std::size_t streams = 0;             ///< streams with a shard
     std::uint64_t fast_allocations = 0;     ///< served from the stream's own size-class list (the O(1) path)
     std::uint64_t upstream_allocations = 0;

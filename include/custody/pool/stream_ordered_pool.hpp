@@ -144,7 +144,7 @@ public:
     static constexpr std::size_t chunk_rounding = detail::chunk_rounding;
     /// The alignment chunks are requested with: the upstream's largest (when it declares one),
     /// at most a page, at least the granule. Larger alignments are served by splitting.
-    static constexpr std::size_t chunk_alignment = detail::chunk_alignment_of<Upstream>();
+    static constexpr std::size_t chunk_alignment = detail::shared_store<Upstream>::chunk_alignment;
 
     /// Builds the pool with `options` over an upstream constructed from `upstream_args`.
     /// Throws out_of_memory if options.initial_size cannot be taken, std::invalid_argument for
@@ -152,7 +152,7 @@ public:
     template <class... Args>
     explicit stream_ordered_pool(pool_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), options_(detail::validated(options)),
-          device_(detail::device_of(upstream_)), store_(upstream_, options_, device_, chunk_alignment),
+          device_(detail::device_of(upstream_)), store_(upstream_, options_, device_),
           streams_(options_, device_, store_, activity_), request_limit_(detail::growth_rule(options_).request_limit()),
           capture_store_(upstream_, device_, chunk_alignment, options_.growth_step, options_.check_capture,
                          [this](std::size_t n) { return store_.may_take(n + capture_store_.reserved_bytes()); }) {
@@ -304,7 +304,7 @@ private:
         s.live_bytes += static_cast<std::size_t>(std::max<std::int64_t>(c.live_bytes, 0));
         s.peak_live_bytes = std::max(peak_.peak(), s.live_bytes);
         s.reserved_bytes += store_.reserved();
-        s.peak_reserved_bytes = std::max(store_.chunks().peak_reserved(), s.reserved_bytes);
+        s.peak_reserved_bytes = std::max(store_.peak_reserved(), s.reserved_bytes);
         s.allocations += c.allocations;
         s.deallocations += c.deallocations;
         s.live_allocations += static_cast<std::size_t>(c.allocations - c.deallocations);
@@ -420,7 +420,7 @@ private:
         if (void* p = take_merged(stream, sh, r)) return p;
         if (void* p = take_joined(sh, r)) return p;
         if (void* p = take_within_initial(stream, sh, r)) return p;
-        if (void* p = grow_and_take(sh, r)) return p;
+        if (void* p = grow_and_take(stream, sh, r)) return p;
         if (void* p = take_other_kind(stream, sh, r)) return p;
         return take_after_reclaim(r);
     }
@@ -503,8 +503,11 @@ private:
         return take_other_kind(stream, sh, r);
     }
 
-    /// A new chunk of the request's kind.
-    void* grow_and_take(shard* sh, detail::request r) {
+    /// A new chunk of the request's kind; over an upstream that maps, new granules, after as many
+    /// idle granules of streams' caches are unmapped (the pool does not grow while idle memory
+    /// elsewhere could go back instead).
+    void* grow_and_take(stream_type stream, shard* sh, detail::request r) {
+        streams_.unmap_idle(stream, sh, store_.shortfall(r.kind, r.size, r.alignment));
         return streams_.kept(sh, store_.grow_and_take(r.kind, r.size, r.alignment, sh != nullptr));
     }
 

@@ -295,6 +295,45 @@ public:
         for (auto& blocks : taken) store_.insert_runs(blocks);
     }
 
+    // ---- idle memory, for a pool that maps ----
+
+    /// Unmaps up to `want` bytes (rounded up to granules) of whole granules that streams' caches
+    /// hold idle: the covered blocks of a stream whose event has completed, the calling stream's
+    /// first (its cache is covered by a record now when it is not). Unmapping is not reuse: it
+    /// gives memory no work uses back to the device, under every reuse policy. Returns the bytes.
+    std::size_t unmap_idle(stream_type stream, shard* self, std::size_t want) {
+        const std::size_t unit = store_.map_granule();
+        if (want == 0 || unit == 0) return 0;
+        std::vector<address_run> runs;
+        std::size_t done = 0;
+        const auto from = [&](shard& sh, bool own) {
+            if (done >= want) return;
+            std::lock_guard lock(sh.mutex);
+            if (sh.cached < unit) return;
+            if (own && (sh.dirty(record_interval_) || !sh.recent.all_covered())) cover(sh, stream);
+            if (!sh.event.ready()) return;
+            sh.merge_recent(sh.recent.covered(), store_.chunks());
+            for (auto& set : sh.spans) {
+                if (done >= want) break;
+                try {
+                    runs.reserve(runs.size() + set.count()); // at most a run per block
+                } catch (const std::bad_alloc&) {
+                    return;
+                }
+                const std::size_t n = set.take_whole(unit, want - done, [](const free_block&) { return false; },
+                                                     [&](std::uintptr_t a, std::size_t bytes) { runs.push_back({a, bytes}); });
+                sh.cached -= n;
+                done += n;
+            }
+        };
+        if (self != nullptr) from(*self, true);
+        table_.for_each([&](shard& sh) {
+            if (&sh != self) from(sh, false);
+        });
+        store_.unmap_idle(runs);
+        return done;
+    }
+
     // ---- every stream ----
 
     /// Calls `f(shard&)` for every shard, in the order their streams were met.
