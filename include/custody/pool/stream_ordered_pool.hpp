@@ -415,21 +415,18 @@ private:
         // must not break it: they touch nothing the capture holds.
         std::optional<basic_capture_mode_guard<platform_type>> relaxed;
         if (capture_store_.routing()) [[unlikely]] relaxed.emplace(capture_mode::relaxed);
-        if (void* p = take_best_fit(sh, r)) return p;
+        if (void* p = take_cached(sh, r)) return p;
+        if (void* p = take_consolidated(stream, sh, r)) return p;
         if (void* p = take_from_other_streams(stream, sh, r)) return p;
-        if (void* p = take_merged(stream, sh, r)) return p;
-        if (void* p = take_joined(sh, r)) return p;
-        if (void* p = take_within_initial(stream, sh, r)) return p;
         if (void* p = grow_and_take(stream, sh, r)) return p;
-        if (void* p = take_other_kind(stream, sh, r)) return p;
-        return take_after_reclaim(r);
+        return take_after_reclaim(stream, sh, r);
     }
 
     /// The tighter of two fits, this stream's spans of the request's kind and the shared set (its
     /// recent large blocks were tried first): searched in a fixed order, a loose fit in the first
     /// place would cut up a block that a later request needed whole while an exact one waited in
     /// the second. The spans win a tie (their memory is this stream's already).
-    void* take_best_fit(shard* sh, detail::request r) {
+    void* take_cached(shard* sh, detail::request r) {
         std::size_t own = 0;
         if (sh != nullptr) {
             std::lock_guard lock(sh->mutex);
@@ -441,15 +438,10 @@ private:
                 if (void* p = take_shared(sh, r)) return p;
             }
         }
-        if (void* p = take_own(sh, r)) return p;
+        if (sh != nullptr) {
+            if (const std::uintptr_t a = streams_.take_span(*sh, r.kind, r)) return reinterpret_cast<void*>(a);
+        }
         return take_shared(sh, r);
-    }
-
-    /// This stream's spans of the request's kind.
-    void* take_own(shard* sh, detail::request r) {
-        if (sh == nullptr) return nullptr;
-        std::lock_guard lock(sh->mutex);
-        return reinterpret_cast<void*>(sh->take_span(r.kind, r.size, r.alignment));
     }
 
     /// The shared set; a large block brings the small rest of its chunk to the stream's spans.
@@ -457,76 +449,47 @@ private:
         return streams_.kept(sh, store_.take(r.kind, r.size, r.alignment, sh != nullptr));
     }
 
-    /// Other streams' caches, as the reuse policy allows: those whose event has completed move to
-    /// the shared set; under follow_dependencies, this stream then waits on another's event.
+    /// This stream's own cache consolidated (see stream_caches::take_consolidated): merging its
+    /// size-class lists when they hold more than 1/128 of the reserve (a quarter of a growth chunk).
+    void* take_consolidated(stream_type stream, shard* sh, detail::request r) {
+        if (sh == nullptr) return nullptr;
+        const std::size_t threshold = std::max(r.size, store_.reserved() / 128);
+        return reinterpret_cast<void*>(streams_.take_consolidated(*sh, stream, r, threshold, store_.within_initial()));
+    }
+
+    /// Other streams' free memory, as the reuse policy allows, before the pool grows (the table in
+    /// docs/pool.md): the covered blocks of streams whose event has completed move to the shared set
+    /// (opportunistic, follow_dependencies); under follow_dependencies this stream then adopts the
+    /// others' covered blocks behind a stream wait; under the other two, when the others hold at
+    /// least max(the request, reserve / 8) in covered blocks, the pool waits on the host for the
+    /// one holding the most rather than grow, so that it stays bounded whatever the streams do.
     void* take_from_other_streams(stream_type stream, shard* sh, detail::request r) {
-        if (options_.reuse == reuse_policy::same_stream) return nullptr;
-        if (streams_.drain_completed(sh)) {
+        const reuse_policy policy = options_.reuse;
+        if (policy != reuse_policy::same_stream && streams_.drain_completed(sh)) {
             if (void* p = take_shared(sh, r)) return p;
         }
-        if (options_.reuse != reuse_policy::follow_dependencies || sh == nullptr) return nullptr;
-        return reinterpret_cast<void*>(streams_.take_with_dependency(stream, *sh, r));
-    }
-
-    /// This stream's cache merged into its spans, before the pool grows. For a small request, its
-    /// size-class lists, when they hold more than 1/128 of the reserve (a quarter of a growth
-    /// chunk): memory cached for other sizes then serves this one (what keeps the reserve near the
-    /// live bytes), and the lists refill by that much between two merges (what keeps merging
-    /// rare). Only the small-kind spans serve it: the large spans hold the rests of the stream's
-    /// large blocks' chunks, and a long-lived small block there would keep the chunk from serving
-    /// its large request again. For a large request, its recent large blocks.
-    void* take_merged(stream_type stream, shard* sh, detail::request r) {
-        if (sh == nullptr) return nullptr;
-        if (r.small()) {
-            if (!streams_.merge_classes(*sh, stream, std::max(r.size, store_.reserved() / 128))) return nullptr;
-            std::lock_guard lock(sh->mutex);
-            return reinterpret_cast<void*>(sh->take_span(block_kind::small, r.size, r.alignment));
+        if (policy == reuse_policy::follow_dependencies && sh != nullptr) {
+            if (!streams_.adopt_covered(stream, *sh)) return nullptr;
+            return reinterpret_cast<void*>(streams_.take_span(*sh, r.kind, r));
         }
-        std::lock_guard lock(sh->mutex);
-        if (sh->recent.empty()) return nullptr;
-        streams_.merge_recent(*sh, stream);
-        return reinterpret_cast<void*>(sh->take_span(block_kind::large, r.size, r.alignment));
+        if (!streams_.release_largest(sh, std::max(r.size, store_.reserved() / 8))) return nullptr;
+        return take_shared(sh, r);
     }
 
-    /// This stream's spans joined with the shared set's free blocks beside them, before the pool
-    /// grows.
-    void* take_joined(shard* sh, detail::request r) {
-        if (sh == nullptr || !streams_.adopt_shared_neighbours(*sh, r.kind)) return nullptr;
-        return take_own(sh, r);
-    }
-
-    /// While the pool holds no more than its initial size, the initial chunk serves either kind
-    /// before the pool grows: a working set known up front (pool_options::initial_size) never
-    /// makes the pool grow, whatever its sizes.
-    void* take_within_initial(stream_type stream, shard* sh, detail::request r) {
-        if (options_.initial_size == 0 || store_.reserved() > align_up(options_.initial_size, granule)) return nullptr;
-        return take_other_kind(stream, sh, r);
-    }
-
-    /// A new chunk of the request's kind; over an upstream that maps, new granules, after as many
-    /// idle granules of streams' caches are unmapped (the pool does not grow while idle memory
-    /// elsewhere could go back instead).
+    /// New memory of the request's kind (see shared_store::grow_and_take); over an upstream that
+    /// maps, as many idle granules of streams' caches are unmapped first as the new ones need.
     void* grow_and_take(stream_type stream, shard* sh, detail::request r) {
         streams_.unmap_idle(stream, sh, store_.shortfall(r.kind, r.size, r.alignment));
         return streams_.kept(sh, store_.grow_and_take(r.kind, r.size, r.alignment, sh != nullptr));
     }
 
-    /// The pool may not grow: chunks of the other kind serve too (segregation is a preference),
-    /// from the shared set, then from this stream's spans, without waiting for anything.
-    void* take_other_kind(stream_type stream, shard* sh, detail::request r) {
-        const block_kind kind = other(r.kind);
-        if (const std::uintptr_t a = store_.take(kind, r.size, r.alignment, false).block.address) {
-            return reinterpret_cast<void*>(a);
+    /// The last resort: this stream's memory of the other kind, without waiting; then waits for
+    /// every stream, coalesces everything, gives free chunks back and retries once; then throws
+    /// out_of_memory.
+    void* take_after_reclaim(stream_type stream, shard* sh, detail::request r) {
+        if (sh != nullptr) {
+            if (void* p = reinterpret_cast<void*>(streams_.take_consolidated(*sh, stream, r, SIZE_MAX, true))) return p;
         }
-        if (sh == nullptr) return nullptr;
-        std::lock_guard lock(sh->mutex);
-        streams_.merge_recent(*sh, stream);
-        return reinterpret_cast<void*>(sh->take_span(kind, r.size, r.alignment));
-    }
-
-    /// The last resort: waits for every stream, coalesces everything, gives free chunks back and
-    /// retries once; then throws out_of_memory.
-    void* take_after_reclaim(detail::request r) {
         if (capture_store_.routing()) { // waiting would break the open capture
             activity_.count(activity_.failures);
             throw_out_of_memory(r.bytes, r.alignment, "a graph capture is open in the pool, which does not wait for streams then");

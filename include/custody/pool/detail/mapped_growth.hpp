@@ -105,8 +105,12 @@ public:
         const auto before = [&](std::uintptr_t a) { return sets[kind].bytes_ending_at(a, region); };
         const auto after = [&](std::uintptr_t a) { return sets[kind].bytes_at(a, region); };
         const std::optional<address_run> run = space_.place(kind, size, std::min(alignment, space_.granule()), before, after);
-        const std::size_t whole = sets[block_kind::small].whole_bytes() + sets[block_kind::large].whole_bytes();
-        return run && run->bytes > whole ? run->bytes - whole : 0;
+        if (!run) return 0;
+        // The free blocks the new one joins are not given back for it.
+        const std::size_t joined = before(run->address) + after(run->address + run->bytes);
+        std::size_t whole = sets[block_kind::small].whole_bytes() + sets[block_kind::large].whole_bytes();
+        whole -= std::min(whole, joined);
+        return run->bytes > whole ? run->bytes - whole : 0;
     }
 
     /// Unmaps `r`, whole granules of idle memory taken out of a stream's cache; when there is no

@@ -3,6 +3,7 @@
 /// once, the quarantine, and the growth (chunks or mapped granules) that feeds them.
 #pragma once
 
+#include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/pool/detail/block_kind.hpp>
@@ -68,7 +69,8 @@ public:
     static constexpr std::size_t chunk_alignment = growth_type::chunk_alignment;
 
     /// Over `upstream`, with validated `options`, for memory of `device` (-1: none).
-    shared_store(Upstream& upstream, const pool_options& options, int device) : growth_(upstream, options, device) {
+    shared_store(Upstream& upstream, const pool_options& options, int device)
+        : growth_(upstream, options, device), initial_(align_up(options.initial_size, granule)) {
         if constexpr (maps) growth_.prepare(free_);
     }
     shared_store(const shared_store&) = delete;
@@ -104,14 +106,23 @@ public:
         }
     }
 
-    /// Takes a new chunk of `kind` for the request (the growth rule's size, or exactly what the
-    /// request needs when that is refused) and cuts the block from the shared set. A block of size
-    /// 0 when the pool may not grow or the upstream refuses.
+    /// A block of `kind` from memory the pool takes now (a new chunk, or granules mapped), cut from
+    /// the shared set, with its chunk's tail when `with_tail`. Which memory serves is decided here:
+    /// - while the pool holds no more than its initial size, either kind's memory serves either
+    ///   kind of request, before the pool grows: a working set known up front
+    ///   (pool_options::initial_size) never makes it grow, whatever its sizes;
+    /// - when the pool may not grow, the other kind's serves too (segregation is a preference).
+    /// A block of size 0 when nothing serves.
     [[nodiscard]] taken_block grow_and_take(block_kind kind, std::size_t size, std::size_t alignment, bool with_tail) {
         std::lock_guard lock(mutex_);
-        if (!growth_.grow(free_, kind, size, alignment)) return {};
-        return take_locked(kind, size, alignment, with_tail);
+        if (within_initial()) {
+            if (const free_block b = free_[other(kind)].take(size, alignment); b.size != 0) return {b, {}};
+        }
+        if (growth_.grow(free_, kind, size, alignment)) return take_locked(kind, size, alignment, with_tail);
+        return {free_[other(kind)].take(size, alignment), {}};
     }
+    /// Whether the pool still holds no more than its initial size (then either kind serves).
+    [[nodiscard]] bool within_initial() const noexcept { return initial_ != 0 && growth_.reserved() <= initial_; }
 
     /// The last resort's retry, once every stream's cache came back: a block of `kind`, else of
     /// the other kind, else after giving every wholly free chunk (granule) back and growing once.
@@ -235,6 +246,7 @@ private:
 
     mutable std::mutex mutex_;
     growth_type growth_;      ///< guarded by mutex_ (its counters may be read without it)
+    std::size_t initial_;     ///< pool_options::initial_size, rounded
     per_kind<free_set> free_; ///< guarded by mutex_
     std::atomic<std::size_t> quarantined_{0}; ///< bytes never reused again (capture, lost)
 };

@@ -171,11 +171,44 @@ public:
         sh.merge_recent(sh.recent.size(), store_.chunks());
     }
 
+    /// A block for `r` from this stream's own cache consolidated, before the pool grows:
+    /// - for a small request, its size-class lists merged into its spans when they hold at least
+    ///   `class_threshold` bytes (memory cached for other sizes then serves this one, and the lists
+    ///   refill by that much between two merges), searched in its small spans only (its large spans
+    ///   hold the rests of its large blocks' chunks, which a long-lived small block would pin);
+    /// - for a large request, its recent large blocks merged into its spans;
+    /// - then the shared set's free blocks beside its spans of the request's kind joined to them:
+    ///   free space cut in two by the stream/shared boundary serves a request neither half can
+    ///   (shared blocks are idle, so any stream may keep them);
+    /// - when `either_kind` (the pool's initial size still holds everything), its spans of the other
+    ///   kind too.
+    /// 0 when none fits.
+    std::uintptr_t take_consolidated(shard& sh, stream_type stream, request r, std::size_t class_threshold, bool either_kind) {
+        if (r.small()) {
+            merge_classes(sh, stream, class_threshold);
+        } else {
+            std::lock_guard lock(sh.mutex);
+            merge_recent(sh, stream);
+        }
+        if (const std::uintptr_t a = take_span(sh, r.kind, r)) return a;
+        if (adopt_shared_neighbours(sh, r.kind)) {
+            if (const std::uintptr_t a = take_span(sh, r.kind, r)) return a;
+        }
+        if (!either_kind) return 0;
+        std::lock_guard lock(sh.mutex);
+        merge_recent(sh, stream);
+        return sh.take_span(other(r.kind), r.size, r.alignment);
+    }
+
+    /// A block for `r` from this stream's spans of `kind`; 0 when none fits.
+    std::uintptr_t take_span(shard& sh, block_kind kind, request r) {
+        std::lock_guard lock(sh.mutex);
+        return sh.take_span(kind, r.size, r.alignment);
+    }
+
+private:
     /// Moves the shared set's free blocks that touch the stream's own spans of `kind` into those
-    /// spans, where they coalesce: free space cut in two by the stream/shared boundary (a block's
-    /// chunk rest kept on the stream, the chunk's other end freed to the shared set) serves a
-    /// request neither half can. The shared blocks are idle, so any stream may keep them. True when
-    /// any moved.
+    /// spans, where they coalesce. True when any moved.
     bool adopt_shared_neighbours(shard& sh, block_kind kind) {
         std::vector<free_block> own;
         {
@@ -206,6 +239,7 @@ public:
         return true;
     }
 
+public:
     /// The block of `t` (taken for the stream of `sh`; nullptr: a stream without a shard, whose
     /// `t` has no tail), its tail kept in the stream's large spans (in the shared set again when
     /// there is no host memory for it).
@@ -248,18 +282,79 @@ public:
         return moved;
     }
 
-    /// Finds a covered block for `r` in another stream's cache, makes `stream` wait on that
-    /// stream's event (no host synchronization but for the default stream, see wait_for) and
-    /// takes the block; 0 when none fits.
-    std::uintptr_t take_with_dependency(stream_type stream, shard& self, request r) {
-        std::uintptr_t address = 0;
+    /// Moves every covered block of other streams into this stream's cache behind a stream wait on
+    /// each one's event (no host synchronization but for the default stream, see wait_for), then
+    /// records this stream's event so that they are covered here too: other streams' free memory
+    /// becomes this stream's at once, whatever its sizes. True when any moved.
+    bool adopt_covered(stream_type stream, shard& self) {
+        std::vector<free_block> adopted;
         table_.for_each([&](shard& other) {
-            if (address != 0 || &other == &self) return;
-            std::lock_guard lock(other.mutex);
-            if (other.cached != 0) address = take_covered(stream, other, r);
+            if (&other == &self) return;
+            std::vector<free_block> blocks;
+            {
+                std::lock_guard lock(other.mutex);
+                if (other.cached == 0 || other.cached == other.uncovered_bytes) return;
+                blocks = other.take_blocks(true, record_interval_); // may throw: nothing taken
+                if (blocks.empty()) return;
+                try {
+                    wait_for(stream, other.event);
+                } catch (...) {
+                    for (const auto& b : blocks) store_.quarantine(b.size); // their work may still run
+                    throw;
+                }
+            }
+            activity_counters::count(activity_.dependency_waits);
+            try {
+                adopted.insert(adopted.end(), blocks.begin(), blocks.end());
+            } catch (const std::bad_alloc&) {
+                for (const auto& b : blocks) store_.lose(b.size);
+            }
         });
-        if (address != 0) activity_counters::count(activity_.dependency_waits);
-        return address;
+        if (adopted.empty()) return false;
+        std::size_t bytes = 0;
+        for (const auto& b : adopted) bytes += b.size;
+        std::lock_guard lock(self.mutex);
+        self.cached += bytes - store_.chunks().insert_runs(adopted, self.spans, [&](std::size_t size) { store_.lose(size); });
+        cover(self, stream); // the spans hold covered blocks only
+        return true;
+    }
+
+    /// When other streams' caches hold at least `need` covered bytes, waits on the host for the
+    /// event of the one holding the most (not at all when it has completed) and moves its covered
+    /// blocks to the shared set: the pool does not grow while another stream's finished work holds
+    /// the memory it needs (a host wait, counted, under the policies that make no stream wait).
+    /// Throws what the wait throws (the blocks are then quarantined). True when any moved.
+    bool release_largest(const shard* self, std::size_t need) {
+        shard* largest = nullptr;
+        std::size_t most = 0;
+        table_.for_each([&](shard& other) {
+            if (&other == self) return;
+            std::lock_guard lock(other.mutex);
+            const std::size_t covered = other.cached - std::min(other.cached, other.uncovered_bytes);
+            if (covered > most) {
+                most = covered;
+                largest = &other;
+            }
+        });
+        if (largest == nullptr || most < need) return false;
+        std::vector<free_block> blocks;
+        {
+            std::lock_guard lock(largest->mutex);
+            blocks = largest->take_blocks(true, record_interval_);
+            if (blocks.empty()) return false;
+            if (!largest->event.ready()) {
+                try {
+                    largest->event.synchronize();
+                } catch (...) {
+                    for (const auto& b : blocks) store_.quarantine(b.size);
+                    throw;
+                }
+                activity_counters::count(activity_.host_waits);
+            }
+        }
+        store_.insert_runs(blocks);
+        activity_counters::count(activity_.opportunistic_reuses);
+        return true;
     }
 
     /// Moves every stream's cache to the shared set once its blocks are idle: a stream whose
@@ -392,20 +487,6 @@ private:
         } catch (const std::bad_alloc&) {
             return false;
         }
-    }
-
-    /// A covered block of `other` (its lock held) for `r`, taken behind `other`'s event; 0 when
-    /// none fits. The wait comes first: a failed wait takes nothing.
-    std::uintptr_t take_covered(stream_type stream, shard& other, request r) {
-        if (r.small() && other.classes.newest_covered(r.size_class, r.alignment) != 0) {
-            wait_for(stream, other.event);
-            other.cached -= r.size;
-            return other.classes.take_newest_covered(r.size_class, r.alignment);
-        }
-        if (!r.small() && other.recent.covered() != 0) other.merge_recent(other.recent.covered(), store_.chunks());
-        if (!other.spans[r.kind].fits(r.size, r.alignment)) return 0;
-        wait_for(stream, other.event);
-        return other.take_span(r.kind, r.size, r.alignment);
     }
 
     /// Makes `stream` wait for `e`: a stream wait, or a host wait for the default stream, whose
