@@ -266,10 +266,11 @@ TEST_CASE("the last resort takes blocks no record covers after synchronizing the
         pool_options o;
         o.record_share = 0; // the record schedule of record_interval and record_bytes alone
         o.growth_step = n;
-        o.maximum_size = n;
+        o.maximum_size = 2 * n;
         stream_ordered_pool<host_memory> pool(o);
         custody::host::stream b;
         std::optional<custody::host::stream> a(std::in_place);
+        void* keep = pool.allocate(*a, 256, 256); // a still holds a block: its free of p is not its last
         void* p = pool.allocate(*a, n, 256);
         std::optional<custody::test::stream_gate<platform>> gate(std::in_place, *a);
         platform::memset_async(p, 0xAA, n, *a);
@@ -294,6 +295,7 @@ TEST_CASE("the last resort takes blocks no record covers after synchronizing the
         std::vector<unsigned char> expected(n, 0x55);
         CHECK(std::memcmp(q, expected.data(), n) == 0);
         pool.deallocate(b, q, n, 256);
+        pool.deallocate(b, keep, 256, 256);
         gate.reset();
         a.reset();
         check_accounting(pool);

@@ -56,6 +56,7 @@ struct pool_statistics {
     std::uint64_t opportunistic_reuses = 0; ///< streams' caches moved to the shared set after their event completed
     std::uint64_t dependency_waits = 0;     ///< times a stream was made to wait on another's event
     std::uint64_t host_waits = 0;           ///< host waits for another stream's event instead of growing (docs/pool.md)
+    std::uint64_t retired_streams = 0;      ///< shards of quiet streams retired and given to new streams
     std::uint64_t reclaims = 0;             ///< last-resort reclaims (host waits) before a failure
     std::uint64_t failures = 0;             ///< out_of_memory thrown
     std::uint64_t misuses = 0;              ///< deallocates a checked pool refused (pool_options::checked)

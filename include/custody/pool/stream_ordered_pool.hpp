@@ -153,7 +153,7 @@ public:
     explicit stream_ordered_pool(pool_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), options_(detail::validated(options)),
           device_(detail::device_of(upstream_)), store_(upstream_, options_, device_),
-          streams_(options_, device_, store_, activity_), request_limit_(detail::growth_rule(options_).request_limit()),
+          streams_(options_, device_, store_, activity_, peak_), request_limit_(detail::growth_rule(options_).request_limit()),
           capture_store_(upstream_, device_, chunk_alignment, options_.growth_step, options_.check_capture,
                          [this](std::size_t n) { return store_.may_take(n + capture_store_.reserved_bytes()); }) {
         if (options_.initial_size > 0 && !store_.grow_exactly(block_kind::large, align_up(options_.initial_size, granule))) {
@@ -218,6 +218,7 @@ public:
             std::lock_guard lock(sh.mutex);
             c += sh.counts;
         });
+        streams_.add_retired(c);
         return totals(c);
     }
 
@@ -226,6 +227,7 @@ public:
         pool_statistics p;
         counters c = slow_.load();
         streams_.add_to(p, c);
+        streams_.add_retired(c);
         store_.add_to(p);
         const detail::capture_figures f = capture_store_.figures();
         p.capture_reserved_bytes = f.reserved_bytes;
@@ -333,10 +335,13 @@ private:
             if (void* p = capture_store_.allocate(stream, bytes, alignment)) return p;
         }
         const detail::request r = detail::classify(bytes, alignment);
-        shard* sh = streams_.shard_for(stream);
+        const std::uintptr_t key = streams_.key_of(stream);
+        shard* sh = streams_.shard_for(stream, key);
         if (sh != nullptr) {
-            if (void* p = r.small() ? pop_class(*sh, r) : pop_recent(*sh, r)) return p;
+            if (void* p = r.small() ? pop_class(*sh, key, r) : pop_recent(*sh, key, r)) return p;
         }
+        const typename detail::stream_caches<Upstream>::pinned pin(sh, key); // nullptr: no longer the stream's
+        sh = pin.get();
         void* p = allocate_slow(stream, sh, r);
         on_allocated_slow(sh, r);
         return p;
@@ -350,19 +355,30 @@ private:
         } else if (capture_store_.watching() && capture_store_.capturing(stream)) [[unlikely]] {
             store_.quarantine(r.size);
             on_deallocated_slow(r);
-        } else if (shard* sh = streams_.shard_for_free(stream)) {
-            streams_.give_back(*sh, stream, address, r);
+        } else if (const std::uintptr_t key = streams_.key_of(stream); give_to_shard(stream, key, address, r)) {
         } else {
             streams_.give_back_synchronously(stream, address, r.size);
             on_deallocated_slow(r);
         }
     }
 
-    void* pop_class(shard& sh, detail::request r) {
+    /// The stream's shard keeps the block (see stream_caches::give_back); false when the stream has
+    /// none (another device's, or every shard serves an active stream).
+    [[gnu::always_inline]] bool give_to_shard(stream_type stream, std::uintptr_t key, std::uintptr_t address,
+                                              detail::request r) noexcept {
+        for (;;) {
+            shard* sh = streams_.shard_for_free(stream, key);
+            if (sh == nullptr) return false;
+            if (streams_.give_back(*sh, stream, key, address, r)) [[likely]] return true;
+        }
+    }
+
+    void* pop_class(shard& sh, std::uintptr_t key, detail::request r) {
         std::uintptr_t address = 0;
         std::size_t owed = 0;
         {
             std::lock_guard lock(sh.mutex);
+            if (!sh.serves(key)) [[unlikely]] return nullptr; // retired since it was found
             address = sh.classes.pop(r.size_class, r.alignment);
             if (address == 0) return nullptr;
             sh.cached -= r.size;
@@ -374,11 +390,12 @@ private:
 
     /// A recent large block of this stream of exactly the request's size, in O(1). Counted with
     /// the slow path's allocations (not a size-class hit).
-    void* pop_recent(shard& sh, detail::request r) {
+    void* pop_recent(shard& sh, std::uintptr_t key, detail::request r) {
         std::uintptr_t address = 0;
         std::size_t owed = 0;
         {
             std::lock_guard lock(sh.mutex);
+            if (!sh.serves(key)) [[unlikely]] return nullptr; // retired since it was found
             address = sh.take_recent(r.size, r.alignment);
             if (address == 0) return nullptr;
             owed = sh.charge(r.bytes);

@@ -78,6 +78,7 @@ struct activity_counters {
     std::atomic<std::uint64_t> opportunistic_reuses{0}; ///< streams' caches moved after their event completed
     std::atomic<std::uint64_t> dependency_waits{0};     ///< a stream made to wait on another's event
     std::atomic<std::uint64_t> host_waits{0};           ///< host waits for another stream's event before growing
+    std::atomic<std::uint64_t> retired{0};              ///< shards of quiet streams given to new ones
     std::atomic<std::uint64_t> reclaims{0};             ///< last-resort reclaims before a failure
     std::atomic<std::uint64_t> failures{0};             ///< out_of_memory thrown
     std::atomic<std::uint64_t> misuses{0};              ///< deallocates a checked pool refused
@@ -89,6 +90,7 @@ struct activity_counters {
         p.opportunistic_reuses = opportunistic_reuses.load(std::memory_order_relaxed);
         p.dependency_waits = dependency_waits.load(std::memory_order_relaxed);
         p.host_waits = host_waits.load(std::memory_order_relaxed);
+        p.retired_streams = retired.load(std::memory_order_relaxed);
         p.reclaims = reclaims.load(std::memory_order_relaxed);
         p.failures = failures.load(std::memory_order_relaxed);
         p.misuses = misuses.load(std::memory_order_relaxed);

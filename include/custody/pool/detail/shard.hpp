@@ -14,6 +14,7 @@
 #include <custody/pool/detail/spin_mutex.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -36,7 +37,9 @@ namespace custody::pool::detail {
 ///   1 <= to_record <= record_interval; to_record == record_interval => every block is covered
 ///   uncovered_bytes = bytes given back since the last record
 ///   counts.live_bytes and credit: see peak_counter
-/// Thread safety: the pool takes `mutex` around every use but of `key` (immutable).
+///   key != no_stream while the shard serves a stream; slow_users > 0 => it is not retired
+/// Thread safety: the pool takes `mutex` around every use; `key` changes only under it (a caller
+/// that found the shard by key checks it again there), and the table reads it without.
 template <class Event>
 struct alignas(64) shard {
     shard(std::uintptr_t stream_key, Event e, std::size_t record_interval)
@@ -44,7 +47,10 @@ struct alignas(64) shard {
     shard(const shard&) = delete;
     shard& operator=(const shard&) = delete;
 
-    const std::uintptr_t key; ///< Platform::stream_key of the stream
+    /// The key of no stream (a retired shard's): every bit set, which no platform hands out.
+    static constexpr std::uintptr_t no_stream = ~std::uintptr_t{0};
+
+    std::atomic<std::uintptr_t> key; ///< Platform::stream_key of the stream served; no_stream: retired
     mutable spin_mutex mutex;
     Event event;
     std::size_t cached = 0;
@@ -57,6 +63,7 @@ struct alignas(64) shard {
     /// rests of the chunks of this stream's large blocks
     per_kind<free_set> spans;
     recent_blocks recent; ///< the large blocks given back most recently
+    std::uint32_t slow_users = 0; ///< slow paths in progress on this shard (it is not retired meanwhile)
 
     // ---- accounting ----
 
@@ -173,6 +180,17 @@ struct alignas(64) shard {
             uncovered_bytes = 0;
         }
         return blocks;
+    }
+
+    /// Whether the shard serves stream `k` (its lock held).
+    [[nodiscard]] bool serves(std::uintptr_t k) const noexcept { return key.load(std::memory_order_relaxed) == k; }
+
+    /// Makes an empty, retired shard serve stream `k` (its lock held).
+    void serve(std::uintptr_t k, std::size_t record_interval) noexcept {
+        counts = {};
+        to_record = record_interval;
+        uncovered_bytes = 0;
+        key.store(k, std::memory_order_release);
     }
 
     /// The bytes of the size-class lists.

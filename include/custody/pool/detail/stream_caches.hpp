@@ -5,9 +5,11 @@
 
 #include <custody/core/concepts.hpp>
 #include <custody/core/failure_callback.hpp>
+#include <custody/platform/capture.hpp>
 #include <custody/platform/platform.hpp>
 #include <custody/pool/detail/counters.hpp>
 #include <custody/pool/detail/event_pool.hpp>
+#include <custody/pool/detail/peak_counter.hpp>
 #include <custody/pool/detail/request.hpp>
 #include <custody/pool/detail/shard.hpp>
 #include <custody/pool/detail/shared_store.hpp>
@@ -48,11 +50,12 @@ public:
 
     /// For a pool of `device` (-1: none) with validated `options`. Creates options.initial_events
     /// events (on `device`, or the current one), and throws what creating them throws.
-    stream_caches(const pool_options& options, int device, shared_store<Upstream>& store, activity_counters& activity)
+    stream_caches(const pool_options& options, int device, shared_store<Upstream>& store, activity_counters& activity,
+                  peak_counter& peak)
         : record_interval_(options.record_interval), record_bytes_(options.record_bytes),
           record_share_(options.record_share), device_(device),
           events_(device >= 0 ? device : platform_type::current_device(), options.initial_events, options.event_batch),
-          table_(options.max_streams), store_(store), activity_(activity) {}
+          table_(options.max_streams), store_(store), activity_(activity), peak_(peak) {}
     stream_caches(const stream_caches&) = delete;
     stream_caches& operator=(const stream_caches&) = delete;
 
@@ -73,25 +76,56 @@ public:
 
     // ---- finding a stream's shard ----
 
-    /// The stream's shard, made at its first use; nullptr when max_streams shards exist.
-    /// Lock-free when the shard exists. Throws std::invalid_argument for a stream of another
-    /// device, and what making an event throws.
-    shard* shard_for(stream_type stream) {
-        if (shard* sh = table_.find(platform_type::stream_key(stream))) [[likely]] return sh;
-        return make_shard(stream);
+    /// The key a stream's shard is found by (Platform::stream_key).
+    [[nodiscard]] static std::uintptr_t key_of(stream_type stream) { return platform_type::stream_key(stream); }
+
+    /// The shard of the stream whose key is `key`, made at its first use (given a retired shard's
+    /// place when max_streams shards exist); nullptr when every shard serves a stream that is
+    /// still active. Lock-free when the shard exists. Throws std::invalid_argument for a stream of
+    /// another device, and what making an event throws. The caller checks shard::serves(key) under
+    /// the shard's lock before using it (it may have been retired since).
+    shard* shard_for(stream_type stream, std::uintptr_t key) {
+        if (shard* sh = table_.find(key)) [[likely]] return sh;
+        return make_shard(stream, key);
     }
 
     /// shard_for for deallocate: nullptr for a stream of another device (served without a
     /// shard, as documented), and when no shard can be made (reported).
-    shard* shard_for_free(stream_type stream) noexcept {
-        if (shard* sh = table_.find(platform_type::stream_key(stream))) [[likely]] return sh;
-        return make_shard_for_free(stream);
+    shard* shard_for_free(stream_type stream, std::uintptr_t key) noexcept {
+        if (shard* sh = table_.find(key)) [[likely]] return sh;
+        return make_shard_for_free(stream, key);
     }
 
+    /// Holds a shard against retirement for a slow path: `get()` is the shard (nullptr when it no
+    /// longer serves the stream: the call is then served without one).
+    class pinned {
+    public:
+        pinned(shard* sh, std::uintptr_t key) noexcept : sh_(sh) {
+            if (sh_ == nullptr) return;
+            std::lock_guard lock(sh_->mutex);
+            if (sh_->serves(key)) {
+                ++sh_->slow_users;
+            } else {
+                sh_ = nullptr;
+            }
+        }
+        ~pinned() {
+            if (sh_ == nullptr) return;
+            std::lock_guard lock(sh_->mutex);
+            --sh_->slow_users;
+        }
+        pinned(const pinned&) = delete;
+        pinned& operator=(const pinned&) = delete;
+        [[nodiscard]] shard* get() const noexcept { return sh_; }
+
+    private:
+        shard* sh_;
+    };
+
 private:
-    [[gnu::noinline]] shard* make_shard_for_free(stream_type stream) noexcept {
+    [[gnu::noinline]] shard* make_shard_for_free(stream_type stream, std::uintptr_t key) noexcept {
         try {
-            return make_shard(stream);
+            return make_shard(stream, key);
         } catch (const std::invalid_argument&) {
             return nullptr;
         } catch (...) {
@@ -102,32 +136,88 @@ private:
     }
 
     /// The slow half of shard_for, out of line so that the lookup stays small enough to inline.
-    [[gnu::noinline]] shard* make_shard(stream_type stream) {
-        const std::uintptr_t key = platform_type::stream_key(stream);
-        return table_.find_or_create(key, [&] {
-            if (device_ >= 0 && !(stream == stream_type{}) && platform_type::stream_device(stream) != device_) {
-                throw std::invalid_argument("custody: stream of device " +
-                                            std::to_string(platform_type::stream_device(stream)) +
-                                            " used with a pool of device " + std::to_string(device_));
-            }
-            return std::make_unique<shard>(key, events_.acquire(), record_interval_);
-        });
+    /// When every shard serves a stream, those whose blocks are all idle are retired first.
+    [[gnu::noinline]] shard* make_shard(stream_type stream, std::uintptr_t key) {
+        if (device_ >= 0 && !(stream == stream_type{}) && platform_type::stream_device(stream) != device_) {
+            throw std::invalid_argument("custody: stream of device " + std::to_string(platform_type::stream_device(stream)) +
+                                        " used with a pool of device " + std::to_string(device_));
+        }
+        const auto make = [&](shard* reuse) {
+            if (reuse == nullptr) return std::make_unique<shard>(key, events_.acquire(), record_interval_).release();
+            std::lock_guard lock(reuse->mutex);
+            reuse->serve(key, record_interval_);
+            return reuse;
+        };
+        if (shard* sh = table_.find_or_create(key, make)) return sh;
+        if (retire_idle() == 0) return nullptr;
+        return table_.find_or_create(key, make);
     }
 
 public:
+    // ---- streams that went away ----
+
+    /// Retires the shards whose blocks are all idle: covered, and their event completed (a
+    /// destroyed stream's, once its last event completed; a live stream's that has nothing pending):
+    /// their blocks go to the shared set, their counts to the pool's totals, their credit back to
+    /// the peak counter, and the shard serves the next new stream (a live stream whose shard went
+    /// gets another at its next call). Runs when every shard serves a stream, so that streams
+    /// created and destroyed without end keep shards, without a host wait. Returns the shards
+    /// retired.
+    std::size_t retire_idle() {
+        std::lock_guard sweep(sweep_mutex_);
+        // An event query must not break a capture another thread has open (it touches nothing of it).
+        const basic_capture_mode_guard<platform_type> relaxed(capture_mode::relaxed);
+        std::size_t retired = 0;
+        table_.for_each([&](shard& sh) {
+            std::vector<free_block> blocks;
+            std::uintptr_t key = shard::no_stream;
+            {
+                std::lock_guard lock(sh.mutex);
+                key = sh.key.load(std::memory_order_relaxed);
+                if (key == shard::no_stream || sh.slow_users != 0 || sh.dirty(record_interval_) ||
+                    !sh.recent.all_covered() || !idle(sh.event)) {
+                    return;
+                }
+                blocks = sh.take_blocks(false, record_interval_); // may throw: nothing taken
+                retired_ += sh.counts;
+                peak_.release(sh.credit.take_all());
+                sh.counts = {};
+                sh.key.store(shard::no_stream, std::memory_order_release);
+            }
+            store_.insert_runs(blocks);
+            table_.retire(&sh, key);
+            ++retired;
+        });
+        activity_.retired.fetch_add(retired, std::memory_order_relaxed);
+        return retired;
+    }
+
+    /// Adds the counts of the shards retired so far to `c`.
+    void add_retired(counters& c) const {
+        std::lock_guard sweep(sweep_mutex_);
+        c += retired_;
+    }
+
     // ---- giving back ----
 
-    /// Keeps a block given back on the shard's stream; counts it lost when there is no host
-    /// memory to hold it.
-    [[gnu::always_inline]] void give_back(shard& sh, stream_type stream, std::uintptr_t address, request r) noexcept {
+    /// Keeps a block given back on the shard's stream (whose key is `key`); counts it lost when
+    /// there is no host memory to hold it. False, changing nothing, when the shard no longer serves
+    /// the stream (the caller looks it up again). A stream that gives back the last of what it
+    /// holds records its event, so that a stream destroyed after its last free leaves nothing
+    /// uncovered.
+    [[gnu::always_inline]] bool give_back(shard& sh, stream_type stream, std::uintptr_t key, std::uintptr_t address,
+                                          request r) noexcept {
         bool stored = false;
         {
             std::lock_guard lock(sh.mutex);
+            if (!sh.serves(key)) [[unlikely]] return false;
+            const bool last = sh.counts.live_bytes > 0 && sh.counts.live_bytes <= static_cast<std::int64_t>(r.bytes);
             stored = store_in(sh, stream, address, r);
-            if (stored && sh.stored(r.size, record_threshold())) [[unlikely]] cover(sh, stream);
+            if (stored && (sh.stored(r.size, record_threshold()) || last)) [[unlikely]] cover(sh, stream);
             sh.on_deallocated(r);
         }
         if (!stored) store_.lose(r.size);
+        return true;
     }
 
     /// For a stream without a shard: waits for the stream, then the block is idle and goes to the
@@ -436,14 +526,16 @@ public:
     void for_each(F&& f) const {
         table_.for_each(f);
     }
-    [[nodiscard]] std::size_t size() const noexcept { return table_.size(); }
+    /// The shards serving a stream now.
+    [[nodiscard]] std::size_t size() const { return table_.serving(); }
 
     /// Adds every shard's call counts to `c`, and its cache to `p` (each shard's lock taken briefly).
     void add_to(pool_statistics& p, counters& c) const {
         table_.for_each([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
             c += sh.counts;
-            p.per_stream.push_back({sh.key, sh.cached});
+            if (sh.key.load(std::memory_order_relaxed) == shard::no_stream) return; // retired
+            p.per_stream.push_back({sh.key.load(std::memory_order_relaxed), sh.cached});
             p.stream_cached_bytes += sh.cached;
             p.largest_free_block = std::max(p.largest_free_block, sh.largest());
         });
@@ -489,6 +581,15 @@ private:
         }
     }
 
+    /// Whether `e` has completed; false when it cannot be asked.
+    static bool idle(const typename platform_type::event& e) noexcept {
+        try {
+            return e.ready();
+        } catch (...) {
+            return false;
+        }
+    }
+
     /// Makes `stream` wait for `e`: a stream wait, or a host wait for the default stream, whose
     /// memory (the synchronous pair's) is usable at once by the host and by every stream.
     static void wait_for(stream_type stream, const typename platform_type::event& e) {
@@ -524,6 +625,9 @@ private:
     stream_table<shard> table_;
     shared_store<Upstream>& store_;
     activity_counters& activity_;
+    peak_counter& peak_;
+    mutable std::mutex sweep_mutex_; ///< serializes retire_idle; guards retired_
+    counters retired_;               ///< the counts of retired shards
 };
 
 } // namespace custody::pool::detail
