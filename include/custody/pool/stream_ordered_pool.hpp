@@ -493,10 +493,14 @@ private:
         return take_shared(sh, r);
     }
 
-    /// New memory of the request's kind (see shared_store::grow_and_take); over an upstream that
-    /// maps, as many idle granules of streams' caches are unmapped first as the new ones need.
+    /// New memory of the request's kind (see shared_store::grow_and_take). Over an upstream that
+    /// maps, this stream's idle spans join the shared set first (the new granules go beside them)
+    /// and other streams' idle granules are unmapped as many as the new ones need.
     void* grow_and_take(stream_type stream, shard* sh, detail::request r) {
-        streams_.unmap_idle(stream, sh, store_.shortfall(r.kind, r.size, r.alignment));
+        if constexpr (detail::shared_store<Upstream>::maps) {
+            if (sh != nullptr) streams_.release_own_idle(stream, *sh);
+            streams_.unmap_idle(sh, store_.shortfall(r.kind, r.size, r.alignment));
+        }
         return streams_.kept(sh, store_.grow_and_take(r.kind, r.size, r.alignment, sh != nullptr));
     }
 

@@ -482,21 +482,44 @@ public:
 
     // ---- idle memory, for a pool that maps ----
 
-    /// Unmaps up to `want` bytes (rounded up to granules) of whole granules that streams' caches
-    /// hold idle: the covered blocks of a stream whose event has completed, the calling stream's
-    /// first (its cache is covered by a record now when it is not). Unmapping is not reuse: it
-    /// gives memory no work uses back to the device, under every reuse policy. Returns the bytes.
-    std::size_t unmap_idle(stream_type stream, shard* self, std::size_t want) {
+    /// Before the pool maps more for this stream: its own spans go to the shared set once idle (its
+    /// event, recorded now when some blocks are not covered, has completed), where growth joins
+    /// them to the granules it maps beside them and unmaps those it cannot use. Idle memory may go
+    /// to any stream: no work uses it.
+    void release_own_idle(stream_type stream, shard& self) {
+        if (store_.map_granule() == 0) return;
+        std::vector<free_block> blocks;
+        {
+            std::lock_guard lock(self.mutex);
+            if (self.spans[block_kind::small].empty() && self.spans[block_kind::large].empty() && self.recent.empty()) return;
+            if (self.dirty(record_interval_) || !self.recent.all_covered()) cover(self, stream);
+            if (!idle(self.event)) return;
+            self.merge_recent(self.recent.size(), store_.chunks());
+            blocks.reserve(self.spans[block_kind::small].count() + self.spans[block_kind::large].count()); // may throw
+            for (block_kind kind : block_kinds) {
+                self.spans[kind].drain([&](free_block b) {
+                    b.kind = kind;
+                    blocks.push_back(b);
+                    self.cached -= b.size;
+                });
+            }
+        }
+        store_.insert_runs(blocks);
+    }
+
+    /// Unmaps up to `want` bytes (rounded up to granules) of whole granules that other streams'
+    /// caches hold idle: the covered blocks of a stream whose event has completed. Unmapping is not
+    /// reuse: it gives memory no work uses back to the device, under every reuse policy. Returns the
+    /// bytes.
+    std::size_t unmap_idle(const shard* self, std::size_t want) {
         const std::size_t unit = store_.map_granule();
         if (want == 0 || unit == 0) return 0;
         std::vector<address_run> runs;
         std::size_t done = 0;
-        const auto from = [&](shard& sh, bool own) {
-            if (done >= want) return;
+        table_.for_each([&](shard& sh) {
+            if (done >= want || &sh == self) return;
             std::lock_guard lock(sh.mutex);
-            if (sh.cached < unit) return;
-            if (own && (sh.dirty(record_interval_) || !sh.recent.all_covered())) cover(sh, stream);
-            if (!sh.event.ready()) return;
+            if (sh.cached < unit || !idle(sh.event)) return;
             sh.merge_recent(sh.recent.covered(), store_.chunks());
             for (auto& set : sh.spans) {
                 if (done >= want) break;
@@ -510,10 +533,6 @@ public:
                 sh.cached -= n;
                 done += n;
             }
-        };
-        if (self != nullptr) from(*self, true);
-        table_.for_each([&](shard& sh) {
-            if (&sh != self) from(sh, false);
         });
         store_.unmap_idle(runs);
         return done;
