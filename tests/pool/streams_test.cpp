@@ -11,6 +11,7 @@
 #include "support.hpp"
 #include "../support/stream_gate.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <chrono>
 #include <iterator>
@@ -322,6 +323,46 @@ TEST_CASE("streams beyond max_streams are served without a shard", "[pool][strea
     const auto s = pool.statistics();
     CHECK(s.live_allocations == 0);
     CHECK(s.live_bytes == 0);
+    check_accounting(pool);
+}
+
+TEST_CASE("a destroyed stream's shard serves a new stream once its work is done, without a host wait",
+          "[pool][streams][retire]") {
+    pool_options o;
+    o.max_streams = 2;
+    stream_ordered_pool<host_memory> pool(o);
+    custody::host::stream keep; // one shard stays busy with a live block throughout
+    void* held = pool.allocate(keep, 3 * MiB, 256);
+    std::size_t reserved_first = 0;
+    for (int i = 0; i < 20; ++i) {
+        custody::host::stream t;
+        void* p = pool.allocate(t, 1000 + static_cast<std::size_t>(i), 256);
+        void* q = pool.allocate(t, 2 * MiB, 256);
+        platform::memset_async(q, 0x11, 4096, t);
+        pool.deallocate(t, p, 1000 + static_cast<std::size_t>(i), 256);
+        pool.deallocate(t, q, 2 * MiB, 256);
+        platform::synchronize(t); // its last event has completed when it goes
+        if (i == 0) reserved_first = pool.statistics().reserved_bytes;
+    }
+    // A new stream, busy: its free must not wait for it, so it needs a shard of its own.
+    custody::host::stream late;
+    void* r = pool.allocate(late, 4096, 256);
+    const auto key = platform::stream_key(late.view());
+    const auto st = pool.detailed_statistics();
+    CHECK(st.retired_streams >= 19);
+    CHECK(st.streams <= 2);
+    // (REQUIRE: without a shard the free below would wait for the gate.)
+    REQUIRE(std::any_of(st.per_stream.begin(), st.per_stream.end(), [&](const auto& e) { return e.stream_key == key; }));
+    {
+        custody::test::stream_gate<platform> gate(late);
+        platform::memset_async(r, 0x22, 4096, late);
+        pool.deallocate(late, r, 4096, 256); // kept in its shard: returns with the gate still closed
+        CHECK(pool.statistics().live_bytes == 3 * MiB);
+    }
+    // The retired streams' memory was reused, not stranded: nothing grew past the first rounds.
+    CHECK(pool.statistics().reserved_bytes == reserved_first);
+    pool.deallocate(keep, held, 3 * MiB, 256);
+    platform::synchronize(late);
     check_accounting(pool);
 }
 
