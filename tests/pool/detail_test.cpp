@@ -16,6 +16,7 @@
 #include "../support/catch.hpp"
 #include "support.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -380,8 +381,9 @@ TEST_CASE("peak counter: a stream's credit covers its own reuse; a new peak take
 // ---- the stream table ----------------------------------------------------------------------------
 
 namespace {
-struct fake_shard : detail::keyed {
-    explicit fake_shard(std::uintptr_t k) : keyed{k} {}
+struct fake_shard {
+    explicit fake_shard(std::uintptr_t k) : key(k) {}
+    std::atomic<std::uintptr_t> key;
 };
 } // namespace
 
@@ -389,9 +391,13 @@ TEST_CASE("stream table: one shard per key, found without creating, none past th
     detail::stream_table<fake_shard> table(2);
     int made = 0;
     const auto make = [&](std::uintptr_t key) {
-        return [&made, key] {
+        return [&made, key](fake_shard* reuse) {
             ++made;
-            return std::make_unique<fake_shard>(key);
+            if (reuse != nullptr) {
+                reuse->key = key;
+                return reuse;
+            }
+            return new fake_shard(key);
         };
     };
     CHECK(table.find(0x10) == nullptr);
@@ -399,16 +405,35 @@ TEST_CASE("stream table: one shard per key, found without creating, none past th
     REQUIRE(a != nullptr);
     CHECK(table.find(0x10) == a);
     CHECK(table.find_or_create(0x10, make(0x10)) == a);
-    CHECK(table.find_or_create(0x20, make(0x20)) != nullptr);
+    fake_shard* b = table.find_or_create(0x20, make(0x20));
+    CHECK(b != nullptr);
     CHECK(table.find_or_create(0x30, make(0x30)) == nullptr); // full
     CHECK(made == 2);
     CHECK(table.size() == 2);
     std::vector<std::uintptr_t> keys;
     table.for_each([&](fake_shard& s) { keys.push_back(s.key); });
     CHECK(keys == std::vector<std::uintptr_t>{0x10, 0x20});
+    // A retired shard serves the next new key; the retired key is found no more, the others still.
+    a->key = ~std::uintptr_t{0};
+    table.retire(a, 0x10);
+    CHECK(table.find(0x10) == nullptr);
+    CHECK(table.find(0x20) == b);
+    CHECK(table.serving() == 1);
+    CHECK(table.find_or_create(0x30, make(0x30)) == a);
+    CHECK(table.find(0x30) == a);
+    CHECK(table.size() == 2);
+    CHECK(table.serving() == 2);
+    // Keys that collide keep finding each other through retired slots, many times over.
+    for (std::uintptr_t k = 0x40; k < 0x40 + 64 * 0x10; k += 0x10) {
+        b->key = ~std::uintptr_t{0};
+        table.retire(b, k == 0x40 ? 0x20 : k - 0x10);
+        REQUIRE(table.find_or_create(k, make(k)) == b);
+        REQUIRE(table.find(k) == b);
+        REQUIRE(table.find(0x30) == a);
+    }
     // What making a shard throws leaves the table as it was.
     detail::stream_table<fake_shard> other(2);
-    CHECK_THROWS_AS(other.find_or_create(0x40, []() -> std::unique_ptr<fake_shard> { throw std::bad_alloc(); }),
+    CHECK_THROWS_AS(other.find_or_create(0x40, [](fake_shard*) -> fake_shard* { throw std::bad_alloc(); }),
                     std::bad_alloc);
     CHECK(other.size() == 0);
     CHECK(other.find(0x40) == nullptr);

@@ -81,6 +81,27 @@ public:
     [[nodiscard]] const std::string& failure() const noexcept { return failure_; }
     [[nodiscard]] R& resource() noexcept { return *r_; }
 
+    /// For a pool that grows by mapping: its address range, its map and unmap calls so far, and what
+    /// it keeps mapped once trimmed (this trims it). Nothing for any other resource.
+    [[nodiscard]] std::optional<mapping_figures> mapping() {
+        if constexpr (requires { r_->detailed_statistics().address_space_bytes; r_->trim(); }) {
+            const auto before = r_->detailed_statistics();
+            if (before.address_space_bytes == 0) return std::nullopt;
+            mapping_figures f;
+            f.address_space = before.address_space_bytes;
+            f.peak_span = before.peak_address_span_bytes;
+            f.granule = before.map_granule;
+            f.map_calls = before.upstream_allocations;
+            f.unmap_calls = before.upstream_deallocations;
+            f.live_at_end = before.live_block_bytes;
+            r_->trim();
+            f.mapped_after_trim = r_->statistics().reserved_bytes;
+            return f;
+        } else {
+            return std::nullopt;
+        }
+    }
+
 private:
     const std::vector<stream_type>& streams_;
     std::unique_ptr<R> r_;

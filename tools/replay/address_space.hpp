@@ -1,12 +1,14 @@
 /// @file
 /// `address_space`: device memory on the host platform as address space only, reserved and never
-/// backed, so that a trace of an 80 GiB GPU replays on a laptop.
+/// backed, so that a trace of an 80 GiB GPU replays on a laptop; `address_space_vmm`: the same as
+/// virtual-memory operations, for the pool that grows by mapping granules.
 #pragma once
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/platform/host.hpp>
+#include <custody/platform/virtual_memory.hpp>
 #include <custody/resource/detail/leaf.hpp>
 #include <custody/resource/host_memory.hpp>
 
@@ -14,6 +16,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -100,6 +105,57 @@ private:
 };
 
 static_assert(try_allocatable_resource<address_space>);
+
+/// Virtual-memory operations (platform/virtual_memory.hpp) over address space only: a reservation
+/// is an inaccessible, unreserved mapping (PROT_NONE, MAP_NORESERVE) and stays so: nothing is ever
+/// committed, touched or made accessible, and any read or write faults. Mapping and unmapping make
+/// no system call: a replay times the pool's own work for each map and unmap (its bookkeeping and
+/// the reservation's, granule by granule), and what a GPU's driver adds per map is counted apart
+/// (docs/benchmarks.md). The granularity is the page; a reservation asks for the granule it maps in
+/// (a GPU's 2 MiB, so that the pool over it rounds as it would on a GPU).
+/// Thread safety: thread-safe (system calls on disjoint ranges).
+struct address_space_vmm {
+    using platform_type = host::platform;
+    struct handle {
+        int device = -1;
+    };
+
+    [[nodiscard]] static bool supported(int device) noexcept {
+        return device >= 0 && device < host::platform::device_count();
+    }
+    [[nodiscard]] static bool exportable(int) noexcept { return false; }
+    [[nodiscard]] static std::size_t granularity(int) { return page(); }
+
+    [[nodiscard]] static void* reserve(int, std::size_t bytes, std::size_t alignment) {
+        alignment = std::max(alignment, page());
+        if (bytes == 0 || bytes > SIZE_MAX - alignment) return nullptr;
+        const std::size_t span = bytes + alignment - page();
+        void* raw = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (raw == MAP_FAILED) return nullptr;
+        const auto start = reinterpret_cast<std::uintptr_t>(raw);
+        const std::uintptr_t aligned = align_up(start, alignment);
+        if (aligned != start) ::munmap(raw, aligned - start);
+        if (const std::size_t tail = span - (aligned - start) - bytes; tail != 0) {
+            ::munmap(reinterpret_cast<void*>(aligned + bytes), tail);
+        }
+        return reinterpret_cast<void*>(aligned);
+    }
+    static void free_reservation(int, void* base, std::size_t bytes) noexcept { ::munmap(base, bytes); }
+    [[nodiscard]] static std::optional<handle> create(int device, std::size_t, bool) { return handle{device}; }
+    static void release(handle) noexcept {}
+    static void map(void*, std::size_t, handle) {}
+    static void set_access(void*, std::size_t, std::span<const int>) {}
+    [[nodiscard]] static bool unmap(int, void*, std::size_t) noexcept { return true; }
+    [[nodiscard]] static int export_fd(handle) { throw std::invalid_argument("custody-replay: address space is not exportable"); }
+
+private:
+    static std::size_t page() noexcept {
+        static const std::size_t size = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+        return size;
+    }
+};
+
+static_assert(virtual_memory_operations<address_space_vmm>);
 static_assert(has_property<address_space, device_accessible> && !has_property<address_space, host_accessible>);
 
 } // namespace custody::replay

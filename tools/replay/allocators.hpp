@@ -14,6 +14,7 @@
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/host_memory.hpp>
+#include <custody/resource/virtual_memory.hpp>
 
 #include <functional>
 #include <memory>
@@ -36,14 +37,27 @@ struct allocator_info {
 };
 
 inline constexpr std::string_view pool_option_names =
-    "upstream=address_space|host_memory|cuda_malloc, initial_size, growth_step, growth_divisor, maximum_size, "
+    "upstream=virtual_memory|address_space|host_memory|cuda_malloc|cuda_vmm, granule, address_space, "
+    "release_threshold, initial_size, growth_step, growth_divisor, maximum_size, "
     "reuse=same_stream|opportunistic|follow_dependencies, record_interval, record_bytes, device_headroom, "
     "device_capacity, max_streams";
+
+/// How the pool over virtual memory maps: the granule (a GPU's 2 MiB by default on the host too, so
+/// that it rounds as it would there) and the address space it reserves (0: the upstream's default).
+struct mapping_options {
+    std::size_t granule = std::size_t{2} << 20;
+    std::size_t address_space = 0;
+};
+
+/// The pool over address space mapped on the host (pool:upstream=virtual_memory).
+using host_mapped_pool = pool::stream_ordered_pool<resource::virtual_memory<address_space_vmm>>;
 
 [[nodiscard]] inline const std::vector<allocator_info>& catalog() {
     static const std::vector<allocator_info> entries = {
         {"pool", "host",
-         "custody's stream_ordered_pool; over address_space by default (upstream=cuda_malloc: on the GPU)",
+         "custody's stream_ordered_pool growing in one mapped address range: the GPU's (upstream=cuda_vmm) when "
+         "built with CUDA and a device is present, else address space mapped on the host (upstream=virtual_memory); "
+         "in chunks over upstream=address_space, host_memory or cuda_malloc",
          pool_option_names},
         {"address_space", "host", "each block its own mapping of inaccessible address space (a leaf, no caching)",
          "capacity"},
@@ -77,8 +91,18 @@ inline pool::pool_options take_pool_options(allocator_spec& spec) {
     spec.take_size("device_headroom", o.device_headroom);
     spec.take_size("device_capacity", o.device_capacity);
     spec.take_count("max_streams", o.max_streams);
+    spec.take_size("release_threshold", o.release_threshold);
     if (o.max_streams == 0) spec.fail("option max_streams must be at least 1");
     return o;
+}
+
+/// Reads the mapping options from `spec` (for upstream=virtual_memory and cuda_vmm).
+inline mapping_options take_mapping_options(allocator_spec& spec) {
+    mapping_options m;
+    spec.take_size("granule", m.granule);
+    spec.take_size("address_space", m.address_space);
+    if (m.granule == 0 || (m.granule & (m.granule - 1)) != 0) spec.fail("option granule must be a power of two");
+    return m;
 }
 
 /// A driver over a custody resource `R` on the host platform, built from `args...` each replay.
@@ -113,22 +137,39 @@ namespace custody::replay {
     }
     driver_factory factory;
     if (name == "pool") {
-        const int upstream = spec.take_choice("upstream", {"address_space", "host_memory", "cuda_malloc"});
+        int upstream = spec.take_choice("upstream", {"virtual_memory", "address_space", "host_memory", "cuda_malloc", "cuda_vmm"});
         const pool::pool_options o = take_pool_options(spec);
-        if (upstream <= 0) {
+        const mapping_options m = take_mapping_options(spec);
+#if defined(CUSTODY_REPLAY_CUDA)
+        if (upstream < 0 && cuda_device_present()) upstream = 4;
+#endif
+        if (upstream < 0) upstream = 0;
+        if (upstream == 0) {
+            factory = [o, m](const device_program& p, stream_pool& streams) {
+                using A = custody_adaptor<host_mapped_pool>;
+                const int device = host_device_of(p.device);
+                const auto& views = streams.views<host::platform>(device);
+                return make_driver<A>([&views, o, m, device] {
+                    resource::reservation_options ro;
+                    ro.granule = m.granule;
+                    const std::size_t space = m.address_space != 0 ? m.address_space : std::size_t{320} << 30;
+                    return std::make_unique<A>(views, o, device, space, ro);
+                });
+            };
+        } else if (upstream == 1) {
             factory = [o](const device_program& p, stream_pool& streams) {
                 using R = pool::stream_ordered_pool<address_space>;
                 const int device = host_device_of(p.device);
                 const auto& views = streams.views<host::platform>(device);
                 return make_driver<custody_adaptor<R>>([&views, o, device] { return std::make_unique<custody_adaptor<R>>(views, o, device); });
             };
-        } else if (upstream == 1) {
+        } else if (upstream == 2) {
             factory = host_custody<pool::stream_ordered_pool<resource::host_memory>>(o);
         } else {
 #if defined(CUSTODY_REPLAY_CUDA)
-            factory = cuda_pool(spec, o);
+            factory = upstream == 3 ? cuda_pool(spec, o) : cuda_mapped_pool(spec, o, m.granule, m.address_space);
 #else
-            spec.fail("upstream=cuda_malloc needs a custody-replay built with the CUDA Toolkit");
+            spec.fail("upstream=cuda_malloc and cuda_vmm need a custody-replay built with the CUDA Toolkit");
 #endif
         }
     } else if (name == "address_space") {

@@ -11,10 +11,12 @@
 #include "streams.hpp"
 
 #include <custody/platform/cuda.hpp>
+#include <custody/platform/cuda_vmm.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/cuda_async.hpp>
 #include <custody/resource/cuda_malloc.hpp>
+#include <custody/resource/virtual_memory.hpp>
 
 #include <cub/util_allocator.cuh>
 #include <cuda_runtime_api.h>
@@ -37,6 +39,16 @@ inline int require_cuda_device(const allocator_spec& spec) {
                   (status != cudaSuccess ? cudaGetErrorName(status) : "no devices") + ")");
     }
     return count;
+}
+
+/// Whether a CUDA device is present (the default pool then maps on the GPU).
+inline bool cuda_device_present() noexcept {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        static_cast<void>(cudaGetLastError());
+        return false;
+    }
+    return count > 0;
 }
 
 /// The GPU a trace's device replays on: the trace's device modulo the devices present.
@@ -163,6 +175,28 @@ cuda_pool(const allocator_spec& spec, const pool::pool_options& o) {
         return make_driver<A>([&views, device, o] {
             cuda::device_guard inner(device);
             return std::make_unique<A>(views, o, device);
+        });
+    };
+}
+
+/// custody's pool growing in one address range of the GPU mapped with cuda::vmm (pool, or
+/// pool:upstream=cuda_vmm): granules of `granule` bytes, `address_space` bytes reserved (0: four
+/// times the device's memory).
+inline std::function<std::unique_ptr<driver>(const device_program&, stream_pool&)>
+cuda_mapped_pool(const allocator_spec& spec, const pool::pool_options& o, std::size_t granule, std::size_t address_space) {
+    const int devices = require_cuda_device(spec);
+    using upstream = resource::virtual_memory<cuda::vmm>;
+    using A = custody_adaptor<pool::stream_ordered_pool<upstream>>;
+    return [=](const device_program& p, stream_pool& streams) {
+        const int device = cuda_device_of(p.device, devices);
+        cuda::device_guard guard(device);
+        const auto& views = streams.views<cuda::platform>(device);
+        return make_driver<A>([&views, device, o, granule, address_space] {
+            cuda::device_guard inner(device);
+            resource::reservation_options ro;
+            ro.granule = granule;
+            const std::size_t space = address_space != 0 ? address_space : upstream::default_capacity(device);
+            return std::make_unique<A>(views, o, device, space, ro);
         });
     };
 }

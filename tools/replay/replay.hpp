@@ -25,6 +25,18 @@ struct timeline {
     std::vector<std::uint64_t> reserved;
 };
 
+/// What a pool that grows by mapping did with its address range (pool_statistics' figures after
+/// the measuring pass).
+struct mapping_figures {
+    std::uint64_t address_space = 0;   ///< the address space it reserved
+    std::uint64_t peak_span = 0;       ///< the most of it ever in use (from each region's start to its highest mapped end)
+    std::uint64_t granule = 0;         ///< the unit it maps
+    std::uint64_t map_calls = 0;       ///< over the measuring pass
+    std::uint64_t unmap_calls = 0;
+    std::uint64_t live_at_end = 0;     ///< the trace's live bytes at its end, in blocks (rounded)
+    std::uint64_t mapped_after_trim = 0; ///< what trim() left mapped after the trace
+};
+
 /// What the measuring pass saw of one allocator on one device.
 struct measurement {
     std::uint64_t peak_reserved = 0;
@@ -35,6 +47,7 @@ struct measurement {
     std::uint64_t failed_allocations = 0;
     std::optional<std::size_t> first_failure;
     std::string failure_message;
+    std::optional<mapping_figures> mapping; ///< for a pool that grows by mapping
     replay::timeline timeline;
 };
 
@@ -61,6 +74,8 @@ public:
 ///   std::optional<std::uint64_t> peak_live() const;      // its own count of peak live bytes, if kept
 ///   void settle();                                       // waits for outstanding work (not timed)
 ///   const std::string& failure() const;                  // why the last allocate failed
+/// and may offer `std::optional<mapping_figures> mapping()`, called after the measuring pass and its
+/// settle (it may trim).
 template <class A>
 concept replay_allocator = requires(A& a, const A& ca, std::uint16_t s, std::uint64_t n, std::size_t al, void* p) {
     { a.allocate(s, n, al) } noexcept -> std::same_as<void*>;
@@ -152,6 +167,7 @@ public:
         bar.advance(n & 0xFFFF);
         a->settle();
         m.observed_peak_live = a->peak_live();
+        if constexpr (requires { a->mapping(); }) m.mapping = a->mapping();
         detail::release_live(*a, p, slots);
         return m;
     }

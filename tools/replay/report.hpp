@@ -112,6 +112,27 @@ inline std::string columns(const std::vector<std::vector<std::string>>& rows) {
 
 } // namespace detail
 
+/// For the allocators that grow by mapping: the peak of mapped bytes (their peak reserved) beside
+/// the address space reserved and the most of it in use, the granule, map and unmap calls per
+/// thousand operations, and what trim() left mapped after the trace beside the live blocks then.
+[[nodiscard]] inline std::string mapping_table(const device_program& p, const device_result& d) {
+    std::vector<std::vector<std::string>> rows;
+    rows.push_back({"mapping", "peak mapped", "address space", "peak span", "granule", "maps/kop", "unmaps/kop",
+                    "mapped after trim", "live blocks at end"});
+    char maps[32], unmaps[32];
+    const double kops = static_cast<double>(std::max<std::size_t>(p.ops.size(), 1)) / 1000.0;
+    for (const auto& a : d.allocators) {
+        if (!a.m.mapping) continue;
+        const mapping_figures& f = *a.m.mapping;
+        std::snprintf(maps, sizeof maps, "%.2f", static_cast<double>(f.map_calls) / kops);
+        std::snprintf(unmaps, sizeof unmaps, "%.2f", static_cast<double>(f.unmap_calls) / kops);
+        rows.push_back({a.spec, format_bytes(a.m.peak_reserved), format_bytes(f.address_space), format_bytes(f.peak_span),
+                        format_bytes(f.granule), maps, unmaps, format_bytes(f.mapped_after_trim),
+                        format_bytes(f.live_at_end)});
+    }
+    return rows.size() == 1 ? std::string() : detail::columns(rows);
+}
+
 /// The report as a table per device: time per operation (median) and its ratio to the first
 /// allocator's, peak reserved, fragmentation (peak reserved / peak live), reserved and largest
 /// free block where the trace's live bytes peak, the first operation over the capacity, failures.
@@ -165,6 +186,7 @@ inline std::string columns(const std::vector<std::vector<std::string>>& rows) {
                    std::to_string(p.first_trace_op == 0 ? 0 : p.first_trace_op - 1) + "), its peak is " +
                    format_bytes(d.reference->peak_reserved_in_trace) + "\n";
         }
+        out += mapping_table(p, d);
         for (const auto& a : d.allocators) {
             if (a.m.failed_allocations != 0) out += a.spec + ": first failure: " + a.m.failure_message + "\n";
         }
@@ -240,6 +262,22 @@ inline std::string columns(const std::vector<std::vector<std::string>>& rows) {
             w.field("failed_allocations", a.m.failed_allocations);
             optional_number("first_failed_op", a.m.first_failure);
             w.field("failure", a.m.failure_message);
+            w.key("mapping");
+            if (a.m.mapping) {
+                const mapping_figures& f = *a.m.mapping;
+                w.begin_object();
+                w.field("peak_mapped_bytes", a.m.peak_reserved);
+                w.field("address_space_bytes", f.address_space);
+                w.field("peak_address_span_bytes", f.peak_span);
+                w.field("granule_bytes", f.granule);
+                w.field("map_calls", f.map_calls);
+                w.field("unmap_calls", f.unmap_calls);
+                w.field("live_block_bytes_at_end", f.live_at_end);
+                w.field("mapped_after_trim_bytes", f.mapped_after_trim);
+                w.end_object();
+            } else {
+                w.null();
+            }
             w.key("timeline");
             w.begin_object();
             series("op", a.m.timeline.op);

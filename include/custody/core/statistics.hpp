@@ -39,22 +39,24 @@ struct resource_statistics {
 /// every block comes back to the counter that counted it, the figures are exact.
 class statistics_counter {
 public:
-    /// Records an allocation of `bytes` (non-zero) that the upstream just satisfied.
-    void on_allocate(std::size_t bytes, std::size_t reserved) noexcept {
+    /// Records an allocation of `bytes` (non-zero) that the upstream just satisfied; or `count`
+    /// allocations of `bytes` and `reserved` bytes in all, at once.
+    void on_allocate(std::size_t bytes, std::size_t reserved, std::size_t count = 1) noexcept {
         const std::size_t live = live_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
         detail::raise_peak(peak_live_bytes_, live);
         const std::size_t res = reserved_bytes_.fetch_add(reserved, std::memory_order_relaxed) + reserved;
         detail::raise_peak(peak_reserved_bytes_, res);
-        live_allocations_.fetch_add(1, std::memory_order_relaxed);
-        allocations_.fetch_add(1, std::memory_order_relaxed);
+        live_allocations_.fetch_add(count, std::memory_order_relaxed);
+        allocations_.fetch_add(count, std::memory_order_relaxed);
     }
 
-    /// Records that a block of `bytes` (and `reserved` held for it) was given back.
-    void on_deallocate(std::size_t bytes, std::size_t reserved) noexcept {
+    /// Records that a block of `bytes` (and `reserved` held for it) was given back; or `count`
+    /// blocks of `bytes` and `reserved` bytes in all.
+    void on_deallocate(std::size_t bytes, std::size_t reserved, std::size_t count = 1) noexcept {
         lower(live_bytes_, bytes);
         lower(reserved_bytes_, reserved);
-        lower(live_allocations_, 1);
-        deallocations_.fetch_add(1, std::memory_order_relaxed);
+        lower(live_allocations_, count);
+        deallocations_.fetch_add(count, std::memory_order_relaxed);
     }
 
     [[nodiscard]] resource_statistics snapshot() const noexcept {

@@ -68,6 +68,16 @@ struct pool_options {
     /// budget below.
     std::size_t maximum_size = SIZE_MAX;
 
+    /// Over an upstream that maps memory (resource::virtual_memory): the bytes of wholly free
+    /// granules the pool's shared free memory keeps mapped; beyond them, granules are unmapped as
+    /// they come back to it. Whatever it is, the pool unmaps idle free granules before it maps new
+    /// ones (what it maps stays what its live blocks need), and all of them at trim() and before
+    /// out_of_memory. Unlimited by default: on the replays of real traces the threshold changes how
+    /// often the pool maps (each map and unmap is a driver call), never its peak (docs/benchmarks.md);
+    /// a process that shares its GPU sets it to give memory back as it comes free, like
+    /// cudaMemPoolAttrReleaseThreshold.
+    std::size_t release_threshold = SIZE_MAX;
+
     /// Cross-stream reuse (see reuse_policy). Default: follow_dependencies, as cudaMallocAsync.
     reuse_policy reuse = reuse_policy::follow_dependencies;
 

@@ -40,7 +40,12 @@ struct pool_statistics {
     std::size_t capture_free_bytes = 0;       ///< free in them: reusable by their later captures only
     std::size_t capture_pools = 0;            ///< capture-private pools alive
     std::size_t largest_free_block = 0;  ///< over the shared set and every stream's large blocks
-    std::size_t chunks = 0;              ///< upstream chunks held
+    std::size_t chunks = 0;              ///< upstream chunks held (0 when the pool maps granules)
+    /// When the pool grows by mapping (docs/pool.md): the address space it reserved and the granule
+    /// it maps; upstream_allocations and upstream_deallocations then count map and unmap calls.
+    std::size_t address_space_bytes = 0;
+    std::size_t peak_address_span_bytes = 0; ///< the most of it in use: per region, its start to its highest mapped end
+    std::size_t map_granule = 0;
     std::size_t streams = 0;             ///< streams with a shard
     std::uint64_t fast_allocations = 0;     ///< served from the stream's own size-class list (the O(1) path)
     std::uint64_t upstream_allocations = 0;
@@ -50,6 +55,8 @@ struct pool_statistics {
     std::size_t upstream_retained_bytes = 0;
     std::uint64_t opportunistic_reuses = 0; ///< streams' caches moved to the shared set after their event completed
     std::uint64_t dependency_waits = 0;     ///< times a stream was made to wait on another's event
+    std::uint64_t host_waits = 0;           ///< host waits for another stream's event instead of growing (docs/pool.md)
+    std::uint64_t retired_streams = 0;      ///< shards of quiet streams retired and given to new streams
     std::uint64_t reclaims = 0;             ///< last-resort reclaims (host waits) before a failure
     std::uint64_t failures = 0;             ///< out_of_memory thrown
     std::uint64_t misuses = 0;              ///< deallocates a checked pool refused (pool_options::checked)

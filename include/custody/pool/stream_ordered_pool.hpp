@@ -145,7 +145,7 @@ public:
     static constexpr std::size_t chunk_rounding = detail::chunk_rounding;
     /// The alignment chunks are requested with: the upstream's largest (when it declares one),
     /// at most a page, at least the granule. Larger alignments are served by splitting.
-    static constexpr std::size_t chunk_alignment = detail::chunk_alignment_of<Upstream>();
+    static constexpr std::size_t chunk_alignment = detail::shared_store<Upstream>::chunk_alignment;
 
     /// Builds the pool with `options` over an upstream constructed from `upstream_args`.
     /// Throws out_of_memory if options.initial_size cannot be taken, std::invalid_argument for
@@ -153,8 +153,8 @@ public:
     template <class... Args>
     explicit stream_ordered_pool(pool_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), options_(detail::validated(options)),
-          device_(detail::device_of(upstream_)), store_(upstream_, options_, device_, chunk_alignment),
-          streams_(options_, device_, store_, activity_), request_limit_(detail::growth_rule(options_).request_limit()),
+          device_(detail::device_of(upstream_)), store_(upstream_, options_, device_),
+          streams_(options_, device_, store_, activity_, peak_), request_limit_(detail::growth_rule(options_).request_limit()),
           capture_store_(upstream_, device_, chunk_alignment, options_.growth_step, options_.check_capture,
                          [this](std::size_t n) { return store_.may_take(n + capture_store_.reserved_bytes()); },
                          options_.checked) {
@@ -218,8 +218,9 @@ public:
         counters c = slow_.load();
         streams_.for_each([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
-            c += sh.tally();
+            c += sh.counts;
         });
+        streams_.add_retired(c);
         return totals(c);
     }
 
@@ -228,6 +229,7 @@ public:
         pool_statistics p;
         counters c = slow_.load();
         streams_.add_to(p, c);
+        streams_.add_retired(c);
         store_.add_to(p);
         const detail::capture_figures f = capture_store_.figures();
         p.capture_reserved_bytes = f.reserved_bytes;
@@ -239,7 +241,7 @@ public:
         p.totals = totals(c);
         p.live_block_bytes = static_cast<std::size_t>(c.block_bytes);
         p.streams = streams_.size();
-        p.fast_allocations = c.allocations - c.slow_allocations;
+        p.fast_allocations = c.allocations - slow_.allocations();
         activity_.add_to(p);
         return p;
     }
@@ -306,7 +308,7 @@ private:
         s.live_bytes += static_cast<std::size_t>(std::max<std::int64_t>(c.live_bytes, 0));
         s.peak_live_bytes = std::max(peak_.peak(), s.live_bytes);
         s.reserved_bytes += store_.reserved();
-        s.peak_reserved_bytes = std::max(store_.chunks().peak_reserved(), s.reserved_bytes);
+        s.peak_reserved_bytes = std::max(store_.peak_reserved(), s.reserved_bytes);
         s.allocations += c.allocations;
         s.deallocations += c.deallocations;
         s.live_allocations += static_cast<std::size_t>(c.allocations - c.deallocations);
@@ -320,9 +322,10 @@ private:
     /// lock; everything else goes the careful way.
     [[gnu::always_inline]] void* allocate_on(stream_type stream, std::size_t bytes, std::size_t alignment) {
         if (bytes - 1 < capture_store_.fast_limit() && detail::fits_granule(alignment)) [[likely]] {
-            if (shard* sh = streams_.find(stream)) [[likely]] {
+            const std::uintptr_t key = streams_.key_of(stream);
+            if (shard* sh = streams_.find(key)) [[likely]] {
                 void* p = nullptr;
-                if (pop_class(*sh, detail::class_of(bytes), bytes, p)) [[likely]] return p;
+                if (pop_class(*sh, key, detail::class_of(bytes), bytes, p)) [[likely]] return p;
             }
         }
         return allocate_careful(stream, bytes, alignment);
@@ -330,25 +333,26 @@ private:
     /// deallocate, with the pool's device current when `stream` is the default stream.
     [[gnu::always_inline]] void deallocate_on(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         if (ptr != nullptr && bytes - 1 < capture_store_.fast_limit()) [[likely]] {
-            if (shard* sh = streams_.find(stream)) [[likely]] {
+            const std::uintptr_t key = streams_.key_of(stream);
+            if (shard* sh = streams_.find(key)) [[likely]] {
                 const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-                if (streams_.give_back_class(*sh, stream, address, detail::class_of(bytes), bytes)) [[likely]] return;
+                if (streams_.give_back_class(*sh, stream, key, address, detail::class_of(bytes), bytes)) [[likely]] return;
             }
         }
         deallocate_careful(stream, ptr, bytes, alignment);
     }
 
     /// The newest block of class `c` in the stream's list, for `bytes`, into `p`; false when the
-    /// list is empty. (The lock is taken by hand: nothing in between throws, and a lock_guard is
-    /// not always inlined.)
-    [[gnu::always_inline]] bool pop_class(shard& sh, std::size_t c, std::size_t bytes, void*& p) noexcept {
+    /// shard no longer serves the stream or the list is empty. (The lock is taken by hand: nothing
+    /// in between throws, and a lock_guard is not always inlined.)
+    [[gnu::always_inline]] bool pop_class(shard& sh, std::uintptr_t key, std::size_t c, std::size_t bytes, void*& p) noexcept {
         sh.mutex.lock();
         std::uintptr_t address = 0;
-        if (!sh.classes.try_pop(c, address)) [[unlikely]] {
+        if (!sh.serves(key) || !sh.classes.try_pop(c, address)) [[unlikely]] {
             sh.mutex.unlock();
             return false;
         }
-        const std::size_t owed = sh.on_allocated(bytes);
+        const std::size_t owed = sh.on_popped(detail::class_size(c), bytes);
         if (owed != 0) [[unlikely]] {
             commit_and_unlock(sh, owed);
         } else {
@@ -378,10 +382,13 @@ private:
             if (void* p = capture_store_.allocate(stream, bytes, alignment)) return p;
         }
         const detail::request r = detail::classify(bytes, alignment);
-        shard* sh = streams_.shard_for(stream);
+        const std::uintptr_t key = streams_.key_of(stream);
+        shard* sh = streams_.shard_for(stream, key);
         if (sh != nullptr) {
-            if (void* p = r.small() ? pop_class(*sh, r) : pop_recent(*sh, r)) return p;
+            if (void* p = r.small() ? pop_class(*sh, key, r) : pop_recent(*sh, key, r)) return p;
         }
+        const typename detail::stream_caches<Upstream>::pinned pin(sh, key); // nullptr: no longer the stream's
+        sh = pin.get();
         void* p = allocate_slow(stream, sh, r);
         on_allocated_slow(sh, r);
         if (sh != nullptr && r.small() && r.alignment <= granule) refill(*sh, r);
@@ -393,7 +400,8 @@ private:
     /// once, cut from free memory as one run (one tree operation), from its own spans or else the
     /// shared set, so that its next allocations take the fast path. Up to refill_bytes of them
     /// (halving while no run fits); never by growing the pool. They count as given back now (not
-    /// covered until the stream records again). Nothing happens on a bad_alloc.
+    /// covered until the stream records again). Nothing happens on a bad_alloc. The caller holds
+    /// the shard against retirement.
     [[gnu::noinline]] void refill(shard& sh, detail::request r) noexcept {
         constexpr std::size_t refill_bytes = std::size_t{1} << 20;
         const std::size_t most = std::min<std::size_t>(32, refill_bytes / r.size);
@@ -431,7 +439,7 @@ private:
     /// held, room made), lowest address on top.
     static void keep_run(shard& sh, detail::request r, std::uintptr_t run, std::size_t n) noexcept {
         for (std::size_t i = n; i-- > 0;) static_cast<void>(sh.classes.push_within_capacity(r.size_class, run + i * r.size));
-        sh.count_blocks(n * r.size);
+        sh.cached += n * r.size;
     }
 
     void give_block(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
@@ -442,46 +450,53 @@ private:
         } else if (capture_store_.watching() && capture_store_.capturing(stream)) [[unlikely]] {
             store_.quarantine(r.size);
             on_deallocated_slow(r);
-        } else if (shard* sh = streams_.shard_for_free(stream)) {
-            streams_.give_back(*sh, stream, address, r);
+        } else if (const std::uintptr_t key = streams_.key_of(stream); give_to_shard(stream, key, address, r)) {
         } else {
             streams_.give_back_synchronously(stream, address, r.size);
             on_deallocated_slow(r);
         }
     }
 
-    /// pop_class for any alignment.
-    void* pop_class(shard& sh, detail::request r) noexcept {
-        sh.mutex.lock();
-        const std::uintptr_t address = sh.classes.pop(r.size_class, r.alignment);
-        if (address == 0) {
-            sh.mutex.unlock();
-            return nullptr;
+    /// The stream's shard keeps the block (see stream_caches::give_back); false when the stream has
+    /// none (another device's, or every shard serves an active stream).
+    [[gnu::always_inline]] bool give_to_shard(stream_type stream, std::uintptr_t key, std::uintptr_t address,
+                                              detail::request r) noexcept {
+        for (;;) {
+            shard* sh = streams_.shard_for_free(stream, key);
+            if (sh == nullptr) return false;
+            if (streams_.give_back(*sh, stream, key, address, r)) [[likely]] return true;
         }
-        const std::size_t owed = sh.on_allocated(r.bytes);
-        if (owed != 0) {
-            commit_and_unlock(sh, owed);
-        } else {
-            sh.mutex.unlock();
+    }
+
+    void* pop_class(shard& sh, std::uintptr_t key, detail::request r) {
+        std::uintptr_t address = 0;
+        std::size_t owed = 0;
+        {
+            std::lock_guard lock(sh.mutex);
+            if (!sh.serves(key)) [[unlikely]] return nullptr; // retired since it was found
+            address = sh.classes.pop(r.size_class, r.alignment);
+            if (address == 0) return nullptr;
+            sh.cached -= r.size;
+            owed = sh.on_allocated(r);
         }
+        if (owed != 0) [[unlikely]] commit(owed);
         return reinterpret_cast<void*>(address);
     }
 
     /// A recent large block of this stream of exactly the request's size, in O(1). Counted with
     /// the slow path's allocations (not a size-class hit).
-    void* pop_recent(shard& sh, detail::request r) noexcept {
-        sh.mutex.lock();
-        const std::uintptr_t address = sh.take_recent(r.size, r.alignment);
-        if (address == 0) {
-            sh.mutex.unlock();
-            return nullptr;
+    void* pop_recent(shard& sh, std::uintptr_t key, detail::request r) {
+        std::uintptr_t address = 0;
+        std::size_t owed = 0;
+        {
+            std::lock_guard lock(sh.mutex);
+            if (!sh.serves(key)) [[unlikely]] return nullptr; // retired since it was found
+            address = sh.take_recent(r.size, r.alignment);
+            if (address == 0) return nullptr;
+            owed = sh.charge(r.bytes);
         }
-        const std::size_t owed = sh.on_allocated_slow(r.size, r.bytes);
-        if (owed != 0) {
-            commit_and_unlock(sh, owed);
-        } else {
-            sh.mutex.unlock();
-        }
+        slow_.allocated(r.size, 0);
+        if (owed != 0) [[unlikely]] commit(owed);
         return reinterpret_cast<void*>(address);
     }
 
@@ -512,22 +527,18 @@ private:
         // must not break it: they touch nothing the capture holds.
         std::optional<basic_capture_mode_guard<platform_type>> relaxed;
         if (capture_store_.routing()) [[unlikely]] relaxed.emplace(capture_mode::relaxed);
-        if (void* p = take_best_fit(sh, r)) return p;
-        if (void* p = take_from_other_streams(stream, sh, r, detail::which_blocks::idle)) return p;
-        if (void* p = take_merged(stream, sh, r)) return p;
-        if (void* p = take_joined(sh, r)) return p;
-        if (void* p = take_within_initial(stream, sh, r)) return p;
-        if (void* p = grow_and_take(sh, r)) return p;
-        if (void* p = take_from_other_streams(stream, sh, r, detail::which_blocks::covered)) return p;
-        if (void* p = take_other_kind(stream, sh, r)) return p;
-        return take_after_reclaim(r);
+        if (void* p = take_cached(sh, r)) return p;
+        if (void* p = take_consolidated(stream, sh, r)) return p;
+        if (void* p = take_from_other_streams(stream, sh, r)) return p;
+        if (void* p = grow_and_take(stream, sh, r)) return p;
+        return take_after_reclaim(stream, sh, r);
     }
 
     /// The tighter of two fits, this stream's spans of the request's kind and the shared set (its
     /// recent large blocks were tried first): searched in a fixed order, a loose fit in the first
     /// place would cut up a block that a later request needed whole while an exact one waited in
     /// the second. The spans win a tie (their memory is this stream's already).
-    void* take_best_fit(shard* sh, detail::request r) {
+    void* take_cached(shard* sh, detail::request r) {
         std::size_t own = 0;
         if (sh != nullptr) {
             std::lock_guard lock(sh->mutex);
@@ -539,15 +550,10 @@ private:
                 if (void* p = take_shared(sh, r)) return p;
             }
         }
-        if (void* p = take_own(sh, r)) return p;
+        if (sh != nullptr) {
+            if (const std::uintptr_t a = streams_.take_span(*sh, r.kind, r)) return reinterpret_cast<void*>(a);
+        }
         return take_shared(sh, r);
-    }
-
-    /// This stream's spans of the request's kind.
-    void* take_own(shard* sh, detail::request r) {
-        if (sh == nullptr) return nullptr;
-        std::lock_guard lock(sh->mutex);
-        return reinterpret_cast<void*>(sh->take_span(r.kind, r.size, r.alignment));
     }
 
     /// The shared set; a large block brings the small rest of its chunk to the stream's spans.
@@ -555,74 +561,51 @@ private:
         return streams_.kept(sh, store_.take(r.kind, r.size, r.alignment, sh != nullptr));
     }
 
-    /// Other streams' caches, as the reuse policy allows: their blocks `which` means (idle ones
-    /// before the pool grows, any covered ones once it could not) move to the shared set once their
-    /// event has completed; under follow_dependencies, this stream then waits on another's event.
-    void* take_from_other_streams(stream_type stream, shard* sh, detail::request r, detail::which_blocks which) {
-        if (options_.reuse == reuse_policy::same_stream) return nullptr;
-        if (streams_.drain_completed(sh, which)) {
+    /// This stream's own cache consolidated (see stream_caches::take_consolidated): merging its
+    /// size-class lists when they hold more than 1/128 of the reserve (a quarter of a growth chunk).
+    void* take_consolidated(stream_type stream, shard* sh, detail::request r) {
+        if (sh == nullptr) return nullptr;
+        const std::size_t threshold = std::max(r.size, store_.reserved() / 128);
+        return reinterpret_cast<void*>(streams_.take_consolidated(*sh, stream, r, threshold, store_.within_initial()));
+    }
+
+    /// Other streams' free memory, as the reuse policy allows, before the pool grows (the table in
+    /// docs/pool.md): the covered blocks of streams whose event has completed move to the shared set
+    /// (opportunistic, follow_dependencies); under follow_dependencies this stream then adopts the
+    /// others' covered blocks behind a stream wait; under the other two, when the others hold at
+    /// least max(the request, reserve / 8) in covered blocks, the pool waits on the host for the
+    /// one holding the most rather than grow, so that it stays bounded whatever the streams do.
+    void* take_from_other_streams(stream_type stream, shard* sh, detail::request r) {
+        const reuse_policy policy = options_.reuse;
+        if (policy != reuse_policy::same_stream && streams_.drain_completed(sh, detail::which_blocks::covered)) {
             if (void* p = take_shared(sh, r)) return p;
         }
-        if (options_.reuse != reuse_policy::follow_dependencies || sh == nullptr) return nullptr;
-        return reinterpret_cast<void*>(streams_.take_with_dependency(stream, *sh, r, which));
-    }
-
-    /// This stream's cache merged into its spans, before the pool grows. For a small request, its
-    /// size-class lists, when they hold more than 1/128 of the reserve (a quarter of a growth
-    /// chunk): memory cached for other sizes then serves this one (what keeps the reserve near the
-    /// live bytes), and the lists refill by that much between two merges (what keeps merging
-    /// rare). Only the small-kind spans serve it: the large spans hold the rests of the stream's
-    /// large blocks' chunks, and a long-lived small block there would keep the chunk from serving
-    /// its large request again. For a large request, its recent large blocks.
-    void* take_merged(stream_type stream, shard* sh, detail::request r) {
-        if (sh == nullptr) return nullptr;
-        if (r.small()) {
-            if (!streams_.merge_classes(*sh, stream, std::max(r.size, store_.reserved() / 128))) return nullptr;
-            std::lock_guard lock(sh->mutex);
-            return reinterpret_cast<void*>(sh->take_span(block_kind::small, r.size, r.alignment));
+        if (policy == reuse_policy::follow_dependencies && sh != nullptr) {
+            if (!streams_.adopt_covered(stream, *sh)) return nullptr;
+            return reinterpret_cast<void*>(streams_.take_span(*sh, r.kind, r));
         }
-        std::lock_guard lock(sh->mutex);
-        if (sh->recent.empty()) return nullptr;
-        streams_.merge_recent(*sh, stream);
-        return reinterpret_cast<void*>(sh->take_span(block_kind::large, r.size, r.alignment));
+        if (!streams_.release_largest(sh, std::max(r.size, store_.reserved() / 8))) return nullptr;
+        return take_shared(sh, r);
     }
 
-    /// This stream's spans joined with the shared set's free blocks beside them, before the pool
-    /// grows.
-    void* take_joined(shard* sh, detail::request r) {
-        if (sh == nullptr || !streams_.adopt_shared_neighbours(*sh, r.kind)) return nullptr;
-        return take_own(sh, r);
-    }
-
-    /// While the pool holds no more than its initial size, the initial chunk serves either kind
-    /// before the pool grows: a working set known up front (pool_options::initial_size) never
-    /// makes the pool grow, whatever its sizes.
-    void* take_within_initial(stream_type stream, shard* sh, detail::request r) {
-        if (options_.initial_size == 0 || store_.reserved() > align_up(options_.initial_size, granule)) return nullptr;
-        return take_other_kind(stream, sh, r);
-    }
-
-    /// A new chunk of the request's kind.
-    void* grow_and_take(shard* sh, detail::request r) {
+    /// New memory of the request's kind (see shared_store::grow_and_take). Over an upstream that
+    /// maps, this stream's idle spans join the shared set first (the new granules go beside them)
+    /// and other streams' idle granules are unmapped as many as the new ones need.
+    void* grow_and_take(stream_type stream, shard* sh, detail::request r) {
+        if constexpr (detail::shared_store<Upstream>::maps) {
+            if (sh != nullptr) streams_.release_own_idle(stream, *sh);
+            streams_.unmap_idle(sh, store_.shortfall(r.kind, r.size, r.alignment));
+        }
         return streams_.kept(sh, store_.grow_and_take(r.kind, r.size, r.alignment, sh != nullptr));
     }
 
-    /// The pool may not grow: chunks of the other kind serve too (segregation is a preference),
-    /// from the shared set, then from this stream's spans, without waiting for anything.
-    void* take_other_kind(stream_type stream, shard* sh, detail::request r) {
-        const block_kind kind = other(r.kind);
-        if (const std::uintptr_t a = store_.take(kind, r.size, r.alignment, false).block.address) {
-            return reinterpret_cast<void*>(a);
+    /// The last resort: this stream's memory of the other kind, without waiting; then waits for
+    /// every stream, coalesces everything, gives free chunks back and retries once; then throws
+    /// out_of_memory.
+    void* take_after_reclaim(stream_type stream, shard* sh, detail::request r) {
+        if (sh != nullptr) {
+            if (void* p = reinterpret_cast<void*>(streams_.take_consolidated(*sh, stream, r, SIZE_MAX, true))) return p;
         }
-        if (sh == nullptr) return nullptr;
-        std::lock_guard lock(sh->mutex);
-        streams_.merge_recent(*sh, stream);
-        return reinterpret_cast<void*>(sh->take_span(kind, r.size, r.alignment));
-    }
-
-    /// The last resort: waits for every stream, coalesces everything, gives free chunks back and
-    /// retries once; then throws out_of_memory.
-    void* take_after_reclaim(detail::request r) {
         if (capture_store_.routing()) { // waiting would break the open capture
             activity_.count(activity_.failures);
             throw_out_of_memory(r.bytes, r.alignment, "a graph capture is open in the pool, which does not wait for streams then");
@@ -661,7 +644,8 @@ private:
         sh.mutex.unlock();
         if (owed != 0) commit(owed);
     }
-    /// The pass over the streams past the peak (no shard lock held).
+    /// Adds live bytes no credit covered to the peak counter (see peak_counter). Call with no
+    /// shard lock held.
     [[gnu::noinline]] void commit(std::size_t bytes) noexcept {
         peak_.commit(bytes, [&](detail::peak_counter::reclaimer& reclaim) {
             streams_.for_each([&](shard& sh) {
@@ -672,18 +656,14 @@ private:
         });
     }
     [[gnu::noinline]] void on_allocated_slow(shard* sh, detail::request r) noexcept {
-        if (sh == nullptr) {
-            slow_.allocated(r.size, r.bytes);
-            commit(r.bytes);
-            return;
+        std::size_t owed = r.bytes;
+        if (sh != nullptr) {
+            std::lock_guard lock(sh->mutex);
+            sh->mark_used(r);
+            owed = sh->charge(r.bytes);
         }
-        sh->mutex.lock();
-        const std::size_t owed = sh->on_allocated_slow(r.size, r);
-        if (owed != 0) {
-            commit_and_unlock(*sh, owed);
-        } else {
-            sh->mutex.unlock();
-        }
+        slow_.allocated(r.size, sh != nullptr ? 0 : r.bytes);
+        if (owed != 0) commit(owed);
     }
     /// A block given back without a shard (a capturing stream, or one past max_streams).
     [[gnu::noinline]] void on_deallocated_slow(detail::request r) noexcept {
@@ -712,10 +692,10 @@ private:
     std::size_t request_limit_; // larger requests fail at once (limits, budget)
 
     // store_.reserved() = live block bytes + the shards' cached + shared free + quarantined
-    detail::peak_counter peak_;    // live bytes: the shards' live bytes + slow_'s
+    detail::peak_counter peak_;    // live bytes: the shards' counts.live_bytes + slow_'s
     /// The shard that committed to peak_ last past the peak (a hint: see commit_and_unlock).
     std::atomic<shard*> last_committer_{nullptr};
-    detail::atomic_counters slow_; // the calls without a shard
+    detail::atomic_counters slow_; // the slow path's allocations, the frees without a shard
     detail::live_blocks live_;     // checked mode only: the blocks handed out
     // After the fields it reads (upstream_, options_, device_, store_): capture-private pools.
     detail::capture_store<Upstream> capture_store_;

@@ -20,6 +20,9 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <new>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -34,6 +37,9 @@ struct virtual_memory_statistics {
     std::size_t free_bytes = 0;     ///< address space not in use: reserved - live spans - withheld
     std::size_t largest_free = 0;   ///< the largest block that could be allocated now
     std::size_t withheld_bytes = 0; ///< address space of blocks whose unmap failed (never reused)
+    std::size_t placed_bytes = 0;   ///< mapped by map_at for a strategy that places its own blocks
+    std::uint64_t map_calls = 0;    ///< allocations and map_at calls that mapped memory
+    std::uint64_t unmap_calls = 0;  ///< deallocations and unmap_at calls that unmapped memory
 };
 
 /// Device memory mapped on demand into one address range reserved up front (`Vmm`: `cuda::vmm` for
@@ -59,11 +65,18 @@ struct virtual_memory_statistics {
 /// statistics().reserved_bytes is the physical memory mapped for live blocks (what the resource
 /// holds of the device's memory), as for every resource; the address range is
 /// vmm_statistics().reserved_bytes.
+///
+/// **Placing blocks elsewhere.** A strategy that places its own blocks in the range (the pool grows
+/// in it granule by granule, docs/pool.md) maps and unmaps granule-aligned parts itself with map_at
+/// and unmap_at: a part mapped so is taken from the free ranges as a block is, counted as one live
+/// block per granule, and may be unmapped in any granule-aligned pieces. allocate never hands out
+/// such a part, so the two uses share the range safely.
 template <virtual_memory_operations Vmm>
 class virtual_memory final {
 public:
     using platform_type = typename Vmm::platform_type;
     using stream_type = typename platform_type::stream_view;
+    using vmm_type = Vmm;
     static constexpr const char* name = "virtual_memory";
 
     /// Reserves `capacity` bytes of `device`'s address space (see virtual_reservation for what
@@ -71,6 +84,17 @@ public:
     virtual_memory(int device, std::size_t capacity, reservation_options options = {})
         : range_(device, capacity, std::move(options)) {
         free_.emplace(0, range_.reserved_bytes());
+    }
+    /// Reserves default_capacity(device) bytes of `device`'s address space.
+    explicit virtual_memory(int device, reservation_options options = {})
+        : virtual_memory(device, default_capacity(device), std::move(options)) {}
+
+    /// Address space to reserve for `device` when none is given: four times the device's memory
+    /// where the platform can tell (address space costs no memory, and a strategy that grows in the
+    /// range keeps free holes in it), else 1 TiB.
+    [[nodiscard]] static std::size_t default_capacity(int device) noexcept {
+        const std::optional<device_memory> m = platform_type::memory_info(device);
+        return m && m->total != 0 && m->total <= SIZE_MAX / 4 ? 4 * m->total : std::size_t{1} << 40;
     }
     virtual_memory(const virtual_memory&) = delete;
     virtual_memory& operator=(const virtual_memory&) = delete;
@@ -122,6 +146,7 @@ public:
             return;
         }
         stats_.on_deallocate(bytes, span);
+        ++unmap_calls_;
         if (unmapped) {
             give_back(offset, span);
         } else {
@@ -139,6 +164,9 @@ public:
         s.mapped_bytes = range_.mapped_bytes();
         s.granule = range_.granule();
         s.withheld_bytes = withheld_;
+        s.placed_bytes = placed_;
+        s.map_calls = map_calls_;
+        s.unmap_calls = unmap_calls_;
         for (const auto& [offset, length] : free_) {
             s.free_bytes += length;
             s.largest_free = std::max(s.largest_free, length);
@@ -170,6 +198,95 @@ public:
         return range_.export_fd(align_down(offset, range_.granule()));
     }
 
+    // ---- placing blocks elsewhere (see the class comment) ----
+
+    /// The first byte of the range: a strategy places its blocks at offsets from it.
+    [[nodiscard]] void* base() const noexcept { return range_.base(); }
+
+    /// Maps physical memory over [ptr, ptr + bytes): granule-aligned, inside the range and free
+    /// (neither a block nor mapped by map_at; std::invalid_argument otherwise). Returns false,
+    /// changing nothing, when the device has no physical memory left (or no host memory for the
+    /// bookkeeping); any other failure throws and changes nothing. Usable by every stream at once.
+    [[nodiscard]] bool map_at(void* ptr, std::size_t bytes) {
+        const std::size_t offset = offset_of(ptr);
+        std::lock_guard lock(mutex_);
+        auto it = free_.upper_bound(offset);
+        if (it == free_.begin() || bytes == 0 || bytes % range_.granule() != 0 ||
+            std::prev(it)->first + std::prev(it)->second < offset + bytes || offset + bytes < offset) {
+            throw std::invalid_argument("custody: virtual_memory::map_at: [" + std::to_string(offset) + ", +" +
+                                        std::to_string(bytes) + ") is not a free granule-aligned part of the range");
+        }
+        --it;
+        const std::size_t start = it->first;
+        const std::size_t end = it->first + it->second;
+        // The free rest behind the part needs a node of its own: made first, so that nothing is
+        // mapped when there is no memory for it.
+        auto back = free_.end();
+        if (offset + bytes < end) {
+            try {
+                back = free_.emplace(offset + bytes, end - offset - bytes).first;
+            } catch (const std::bad_alloc&) {
+                return false;
+            }
+        }
+        bool mapped = false;
+        try {
+            mapped = range_.map(offset, bytes);
+        } catch (...) {
+            if (back != free_.end()) free_.erase(back);
+            throw;
+        }
+        if (!mapped) {
+            if (back != free_.end()) free_.erase(back);
+            return false;
+        }
+        if (offset == start) {
+            free_.erase(it);
+        } else {
+            it->second = offset - start;
+        }
+        stats_.on_allocate(bytes, bytes, bytes / range_.granule());
+        placed_ += bytes;
+        ++map_calls_;
+        return true;
+    }
+
+    /// Unmaps [ptr, ptr + bytes), a granule-aligned part of what map_at mapped, and gives its
+    /// physical memory back; the caller makes sure no work still uses it. False when some granule
+    /// would not unmap (reported): that granule stays mapped and is never handed out again.
+    bool unmap_at(void* ptr, std::size_t bytes) noexcept {
+        const std::size_t offset = offset_of(ptr);
+        const std::size_t granule = range_.granule();
+        std::lock_guard lock(mutex_);
+        if (bytes == 0 || bytes % granule != 0 || bytes > placed_) {
+            report_noexcept_failure("virtual_memory::unmap_at", "not a part of what map_at mapped");
+            return false;
+        }
+        bool all = false;
+        try {
+            all = range_.unmap(offset, bytes);
+        } catch (const std::exception& e) { // not all mapped: not what map_at mapped
+            report_noexcept_failure("virtual_memory::unmap_at", e.what());
+            return false;
+        }
+        stats_.on_deallocate(bytes, bytes, bytes / granule);
+        placed_ -= bytes;
+        ++unmap_calls_;
+        if (all) {
+            give_back(offset, bytes);
+            return true;
+        }
+        // Some granule would not unmap: those that did go back to the free ranges one by one.
+        for (std::size_t g = 0; g < bytes; g += granule) {
+            if (range_.is_mapped(offset + g)) {
+                withheld_ += granule;
+            } else {
+                give_back(offset + g, granule);
+            }
+        }
+        return false;
+    }
+
     friend bool operator==(const virtual_memory& a, const virtual_memory& b) noexcept { return &a == &b; }
     friend void get_property(const virtual_memory&, device_accessible) noexcept {}
     friend void get_property(const virtual_memory&, host_accessible) noexcept
@@ -177,6 +294,10 @@ public:
     {}
 
 private:
+    [[nodiscard]] std::size_t offset_of(const void* ptr) const noexcept {
+        return static_cast<std::size_t>(static_cast<const std::byte*>(ptr) - static_cast<const std::byte*>(range_.base()));
+    }
+
     /// A block of `bytes`, mapped, or nullptr when neither address space nor physical memory is
     /// left; other failures throw. Either way nothing changes unless a block is returned.
     void* take(std::size_t bytes) {
@@ -199,6 +320,7 @@ private:
             free_.insert(std::move(node));
         }
         stats_.on_allocate(bytes, span);
+        ++map_calls_;
         return static_cast<std::byte*>(range_.base()) + offset;
     }
 
@@ -250,8 +372,11 @@ private:
     mutable std::mutex mutex_;
     virtual_reservation<Vmm> range_;        // guarded by mutex_
     std::map<std::size_t, std::size_t> free_; // offset -> length: disjoint, not adjacent, granule-aligned;
-                                              // sum(lengths) + sum(live spans) + withheld_ == reserved
+                                              // sum(lengths) + sum(live spans) + placed_ + withheld_ == reserved
     std::size_t withheld_ = 0;              // guarded by mutex_
+    std::size_t placed_ = 0;                // mapped by map_at and not unmapped yet; guarded by mutex_
+    std::uint64_t map_calls_ = 0;           // guarded by mutex_
+    std::uint64_t unmap_calls_ = 0;         // guarded by mutex_
     statistics_counter stats_;              // live_bytes = sum of live requests; reserved_bytes = their spans
 };
 

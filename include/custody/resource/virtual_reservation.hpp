@@ -11,7 +11,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <map>
+#include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -45,8 +46,8 @@ struct reservation_options {
 /// makes sure no work still uses a range it unmaps.
 /// Ownership: owns the address range and every physical allocation mapped into it; destruction
 /// unmaps and releases them all, then frees the range.
-/// Complexity: map and unmap are O(g log m) for g granules with m mapped, plus a driver call or
-/// two per granule; the queries are O(1) or O(log m).
+/// Complexity: map and unmap are O(g) for g granules, plus a driver call or two per granule; the
+/// queries are O(1). Memory: a slot per granule up to the highest one mapped so far.
 template <virtual_memory_operations Vmm>
 class virtual_reservation {
 public:
@@ -94,9 +95,10 @@ public:
     /// reported, if some granule would not unmap).
     ~virtual_reservation() {
         bool all_unmapped = true;
-        for (const auto& [index, h] : mapped_) {
+        for (std::size_t index = 0; index < slots_.size(); ++index) {
+            if (!slots_.mapped(index)) continue;
             if (Vmm::unmap(device_, base_ + index * granule_, granule_)) {
-                Vmm::release(h);
+                Vmm::release(slots_[index].memory);
             } else {
                 all_unmapped = false;
             }
@@ -110,7 +112,7 @@ public:
     /// Address space held: reserved_bytes() = the size asked for, rounded up to the granule.
     [[nodiscard]] std::size_t reserved_bytes() const noexcept { return size_; }
     /// Physical memory held: mapped_bytes() = granule() * (granules mapped) <= reserved_bytes().
-    [[nodiscard]] std::size_t mapped_bytes() const noexcept { return mapped_.size() * granule_; }
+    [[nodiscard]] std::size_t mapped_bytes() const noexcept { return mapped_ * granule_; }
     [[nodiscard]] bool exportable() const noexcept { return exportable_; }
     /// The devices that can access the mapped memory, the owner first.
     [[nodiscard]] std::vector<int> access() const { return access_; }
@@ -118,7 +120,7 @@ public:
     /// The granule at `offset` (a multiple of the granule, inside the range) is mapped.
     [[nodiscard]] bool is_mapped(std::size_t offset) const {
         check_range(offset, granule_);
-        return mapped_.contains(offset / granule_);
+        return slots_.mapped(offset / granule_);
     }
 
     /// Maps physical memory over [offset, offset+bytes), granule-aligned, inside the range and not
@@ -128,10 +130,12 @@ public:
         check_range(offset, bytes);
         const std::size_t first = offset / granule_;
         const std::size_t last = first + bytes / granule_; // one past
-        if (auto it = mapped_.lower_bound(first); it != mapped_.end() && it->first < last) {
-            throw std::invalid_argument("custody: offset " + std::to_string(it->first * granule_) +
-                                        " is already mapped");
+        for (std::size_t index = first; index < last; ++index) {
+            if (slots_.mapped(index)) {
+                throw std::invalid_argument("custody: offset " + std::to_string(index * granule_) + " is already mapped");
+            }
         }
+        slots_.make(first, last); // may throw: nothing is mapped yet
         std::vector<std::pair<std::size_t, handle>> done;
         done.reserve(last - first);
         try {
@@ -150,12 +154,12 @@ public:
                 done.emplace_back(index, *h); // cannot throw: reserved above
             }
             Vmm::set_access(base_ + offset, bytes, std::span<const int>(access_));
-            for (const auto& [index, h] : done) mapped_.emplace(index, h);
         } catch (...) {
-            for (const auto& entry : done) mapped_.erase(entry.first);
             undo(done);
             throw;
         }
+        for (const auto& [index, h] : done) slots_[index] = {h, true};
+        mapped_ += done.size();
         return true;
     }
 
@@ -166,20 +170,20 @@ public:
         check_range(offset, bytes);
         const std::size_t first = offset / granule_;
         const std::size_t last = first + bytes / granule_;
-        const auto begin = mapped_.lower_bound(first);
-        const auto end = mapped_.lower_bound(last);
-        if (static_cast<std::size_t>(std::distance(begin, end)) != last - first) {
-            throw std::invalid_argument("custody: [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
-                                        ") is not all mapped");
+        for (std::size_t index = first; index < last; ++index) {
+            if (!slots_.mapped(index)) {
+                throw std::invalid_argument("custody: [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
+                                            ") is not all mapped");
+            }
         }
         bool all = true;
-        for (auto it = begin; it != end;) {
-            if (Vmm::unmap(device_, base_ + it->first * granule_, granule_)) {
-                Vmm::release(it->second);
-                it = mapped_.erase(it);
+        for (std::size_t index = first; index < last; ++index) {
+            if (Vmm::unmap(device_, base_ + index * granule_, granule_)) {
+                Vmm::release(slots_[index].memory);
+                slots_[index].mapped = false;
+                --mapped_;
             } else {
                 all = false;
-                ++it;
             }
         }
         return all;
@@ -207,9 +211,8 @@ public:
     [[nodiscard]] int export_fd(std::size_t offset) const {
         if (!exportable_) throw std::invalid_argument("custody: the reservation was not made exportable");
         check_range(offset, granule_);
-        const auto it = mapped_.find(offset / granule_);
-        if (it == mapped_.end()) throw std::invalid_argument("custody: the granule is not mapped");
-        return Vmm::export_fd(it->second);
+        if (!is_mapped(offset)) throw std::invalid_argument("custody: the granule is not mapped");
+        return Vmm::export_fd(slots_[offset / granule_].memory);
     }
 
 private:
@@ -232,14 +235,15 @@ private:
     /// Calls f(first granule, count) for each maximal run of consecutive mapped granules.
     template <class F>
     void for_each_mapped_run(F&& f) const {
-        for (auto it = mapped_.begin(); it != mapped_.end();) {
-            const std::size_t first = it->first;
-            std::size_t count = 0;
-            while (it != mapped_.end() && it->first == first + count) {
-                ++count;
-                ++it;
+        for (std::size_t index = 0; index < slots_.size();) {
+            if (!slots_.mapped(index)) {
+                ++index;
+                continue;
             }
-            f(first, count);
+            std::size_t count = 0;
+            while (index + count < slots_.size() && slots_.mapped(index + count)) ++count;
+            f(index, count);
+            index += count;
         }
     }
 
@@ -254,7 +258,35 @@ private:
     std::size_t size_ = 0;         // size_ % granule_ == 0
     std::byte* base_ = nullptr;    // base_ % granule_ == 0; [base_, base_ + size_) reserved
     std::vector<int> access_;      // access_[0] == device_; no duplicates
-    std::map<std::size_t, handle> mapped_; // granule index i (< size_ / granule_) -> its memory, mapped at base_ + i * granule_
+    /// The memory of a granule, while it is mapped.
+    struct slot {
+        handle memory{};
+        bool mapped = false;
+    };
+    /// A slot per granule, in pages made when a granule of theirs is first mapped (a range reserved
+    /// far larger than what is mapped costs nothing for its unused parts).
+    class slot_table {
+    public:
+        static constexpr std::size_t page = 512;
+        [[nodiscard]] std::size_t size() const noexcept { return pages_.size() * page; }
+        [[nodiscard]] bool mapped(std::size_t i) const noexcept {
+            return i / page < pages_.size() && pages_[i / page] != nullptr && pages_[i / page][i % page].mapped;
+        }
+        [[nodiscard]] slot& operator[](std::size_t i) noexcept { return pages_[i / page][i % page]; }
+        [[nodiscard]] const slot& operator[](std::size_t i) const noexcept { return pages_[i / page][i % page]; }
+        /// Makes the slots [first, last). Strong: a bad_alloc changes nothing that is seen.
+        void make(std::size_t first, std::size_t last) {
+            if (pages_.size() < (last + page - 1) / page) pages_.resize((last + page - 1) / page);
+            for (std::size_t p = first / page; p < (last + page - 1) / page; ++p) {
+                if (pages_[p] == nullptr) pages_[p] = std::make_unique<slot[]>(page);
+            }
+        }
+
+    private:
+        std::vector<std::unique_ptr<slot[]>> pages_;
+    };
+    slot_table slots_;       // slots_[i]: granule i, at base_ + i * granule_
+    std::size_t mapped_ = 0; // the slots mapped
 };
 
 } // namespace custody::resource

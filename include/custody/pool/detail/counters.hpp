@@ -24,32 +24,30 @@ struct counters {
     std::uint64_t deallocations = 0;
     std::int64_t block_bytes = 0; ///< rounded bytes handed out minus given back
     std::int64_t live_bytes = 0;  ///< requested bytes handed out minus given back
-    std::uint64_t slow_allocations = 0; ///< of the allocations, those no class list served
 
     counters& operator+=(const counters& o) noexcept {
         allocations += o.allocations;
         deallocations += o.deallocations;
         block_bytes += o.block_bytes;
         live_bytes += o.live_bytes;
-        slow_allocations += o.slow_allocations;
         return *this;
     }
 };
 
-/// The counters of the calls made without a shard (a stream past max_streams, or of another
-/// device, or a capturing stream's frees), kept with atomics: the calls with a shard count in it,
-/// so that threads on their own streams share no counter.
+/// The counters of the calls that the slow path served (allocations) or that had no shard
+/// (deallocations, and live bytes of allocations without one), kept with atomics.
 ///
-/// Invariant: the pool's allocations = these + the shards' allocations, and the same for the
-/// other counts.
+/// Invariant: the pool's allocations = slow allocations + the shards' allocations (the fast path
+/// counts in the shard; the slow path here), and the same for the other counts.
 /// Thread safety: thread-safe (relaxed atomics: exact whenever no call is in flight).
 class atomic_counters {
 public:
-    /// An allocation without a shard (served by the slow path): a block of `size` for `live_bytes`.
+    /// An allocation served by the slow path: a block of `size`; `live_bytes` requested bytes that
+    /// no shard counts (0 when the stream has a shard).
     void allocated(std::size_t size, std::size_t live_bytes) noexcept {
         allocations_.fetch_add(1, std::memory_order_relaxed);
         block_bytes_.fetch_add(static_cast<std::int64_t>(size), std::memory_order_relaxed);
-        live_bytes_.fetch_add(static_cast<std::int64_t>(live_bytes), std::memory_order_relaxed);
+        if (live_bytes != 0) live_bytes_.fetch_add(static_cast<std::int64_t>(live_bytes), std::memory_order_relaxed);
     }
     /// A block of `size` bytes (`bytes` requested) given back without a shard.
     void deallocated(std::size_t size, std::size_t bytes) noexcept {
@@ -63,9 +61,9 @@ public:
         c.deallocations = deallocations_.load(std::memory_order_relaxed);
         c.block_bytes = block_bytes_.load(std::memory_order_relaxed);
         c.live_bytes = live_bytes_.load(std::memory_order_relaxed);
-        c.slow_allocations = c.allocations;
         return c;
     }
+    [[nodiscard]] std::uint64_t allocations() const noexcept { return allocations_.load(std::memory_order_relaxed); }
 
 private:
     std::atomic<std::uint64_t> allocations_{0};
@@ -79,6 +77,8 @@ private:
 struct activity_counters {
     std::atomic<std::uint64_t> opportunistic_reuses{0}; ///< streams' caches moved after their event completed
     std::atomic<std::uint64_t> dependency_waits{0};     ///< a stream made to wait on another's event
+    std::atomic<std::uint64_t> host_waits{0};           ///< host waits for another stream's event before growing
+    std::atomic<std::uint64_t> retired{0};              ///< shards of quiet streams given to new ones
     std::atomic<std::uint64_t> reclaims{0};             ///< last-resort reclaims before a failure
     std::atomic<std::uint64_t> failures{0};             ///< out_of_memory thrown
     std::atomic<std::uint64_t> misuses{0};              ///< deallocates a checked pool refused
@@ -89,6 +89,8 @@ struct activity_counters {
     void add_to(pool_statistics& p) const noexcept {
         p.opportunistic_reuses = opportunistic_reuses.load(std::memory_order_relaxed);
         p.dependency_waits = dependency_waits.load(std::memory_order_relaxed);
+        p.host_waits = host_waits.load(std::memory_order_relaxed);
+        p.retired_streams = retired.load(std::memory_order_relaxed);
         p.reclaims = reclaims.load(std::memory_order_relaxed);
         p.failures = failures.load(std::memory_order_relaxed);
         p.misuses = misuses.load(std::memory_order_relaxed);

@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 #include <utility>
+#include <vector>
 
 namespace custody::pool::detail {
 
@@ -25,10 +26,11 @@ struct free_block {
 
 /// A set of free blocks with best-fit search, splitting and coalescing.
 ///
-/// Invariants:
+/// Invariants (whole(a, n): the bytes of the whole units of unit_ inside [a, a + n); 0 for unit_ 0):
 ///   by_address_ and by_size_ hold the same blocks: (a, {n, c}) in by_address_ <=> (n, a) in by_size_
 ///   blocks do not overlap, and no two blocks of one chunk touch (they would have been merged)
 ///   bytes_ = sum of n over all blocks
+///   whole_bytes_ = sum of whole(a, n) over all blocks
 /// Thread safety: none; the owner (a shard or the pool's global part) guards it.
 /// Complexity: take and insert are O(log n) in the number of free blocks.
 /// Exception safety: take is strong (a bad_alloc from a node leaves the set as it was); insert
@@ -40,6 +42,12 @@ public:
     [[nodiscard]] std::size_t count() const noexcept { return by_address_.size(); }
     [[nodiscard]] std::size_t largest() const noexcept { return by_size_.empty() ? 0 : std::prev(by_size_.end())->first; }
 
+    /// Counts, from now on, the whole units of `unit` bytes (a power of two; 0: none) that free
+    /// blocks hold: what a pool that maps memory in granules could unmap. Precondition: empty().
+    void count_whole(std::size_t unit) noexcept { unit_ = unit; }
+    /// The bytes of the whole units inside the free blocks (see count_whole).
+    [[nodiscard]] std::size_t whole_bytes() const noexcept { return whole_bytes_; }
+
     /// Adds a block, merging it with free neighbours of the same chunk.
     void insert(free_block b) {
         auto next = by_address_.lower_bound(b.address);
@@ -48,12 +56,15 @@ public:
             if (prev->second.chunk == b.chunk && prev->first + prev->second.size == b.address) {
                 // Grow prev over b (and over next if it touches too); no node is allocated.
                 std::size_t merged = prev->second.size + b.size;
+                whole_bytes_ -= whole(prev->first, prev->second.size);
                 if (next != by_address_.end() && next->second.chunk == b.chunk && b.address + b.size == next->first) {
                     merged += next->second.size;
+                    whole_bytes_ -= whole(next->first, next->second.size);
                     by_size_.erase({next->second.size, next->first});
                     by_address_.erase(next);
                 }
                 resize(prev, merged);
+                whole_bytes_ += whole(prev->first, merged);
                 bytes_ += b.size;
                 return;
             }
@@ -62,8 +73,10 @@ public:
             // b takes next's place: reuse both nodes under new keys.
             auto an = by_address_.extract(next);
             auto sn = by_size_.extract({an.mapped().size, an.key()});
+            whole_bytes_ -= whole(an.key(), an.mapped().size);
             an.key() = b.address;
             an.mapped().size += b.size;
+            whole_bytes_ += whole(an.key(), an.mapped().size);
             sn.value() = {an.mapped().size, b.address};
             by_address_.insert(std::move(an));
             by_size_.insert(std::move(sn));
@@ -79,6 +92,7 @@ public:
         }
         static_cast<void>(inserted);
         bytes_ += b.size;
+        whole_bytes_ += whole(b.address, b.size);
     }
 
     /// True when take(size, alignment) would find a block.
@@ -126,7 +140,90 @@ public:
             by_size_.insert(std::move(sn));
         }
         bytes_ -= size;
+        whole_bytes_ += whole(start, front) + whole(at + size, back) - whole(start, total);
         return {at, size, chunk};
+    }
+
+    /// Removes [address, address + size) from the free block that holds it whole (precondition),
+    /// leaving what is before and after it free. Strong: a bad_alloc changes nothing.
+    void take_range(std::uintptr_t address, std::size_t size) {
+        auto ait = std::prev(by_address_.upper_bound(address));
+        const std::uintptr_t start = ait->first;
+        const std::size_t total = ait->second.size;
+        const std::uintptr_t chunk = ait->second.chunk;
+        const std::size_t front = address - start;
+        const std::size_t back = total - front - size;
+        if (front != 0 && back != 0) {
+            auto [bit, ok] = by_address_.emplace(address + size, info{back, chunk});
+            static_cast<void>(ok);
+            try {
+                by_size_.emplace(back, address + size);
+            } catch (...) {
+                by_address_.erase(bit);
+                throw;
+            }
+        }
+        auto an = by_address_.extract(ait);
+        auto sn = by_size_.extract({total, start});
+        if (front != 0 || back != 0) {
+            const std::uintptr_t rest = front != 0 ? start : address + size;
+            const std::size_t rest_size = front != 0 ? front : back;
+            an.key() = rest;
+            an.mapped().size = rest_size;
+            sn.value() = {rest_size, rest};
+            by_address_.insert(std::move(an));
+            by_size_.insert(std::move(sn));
+        }
+        bytes_ -= size;
+        whole_bytes_ += whole(start, front) + whole(address + size, back) - whole(start, total);
+    }
+
+    /// The bytes of the free block of chunk `chunk` that ends at `end`; 0 when there is none.
+    [[nodiscard]] std::size_t bytes_ending_at(std::uintptr_t end, std::uintptr_t chunk) const noexcept {
+        auto it = by_address_.lower_bound(end);
+        if (it == by_address_.begin()) return 0;
+        --it;
+        return it->second.chunk == chunk && it->first + it->second.size == end ? it->second.size : 0;
+    }
+    /// The bytes of the free block of chunk `chunk` that starts at `address`; 0 when there is none.
+    [[nodiscard]] std::size_t bytes_at(std::uintptr_t address, std::uintptr_t chunk) const noexcept {
+        auto it = by_address_.find(address);
+        return it != by_address_.end() && it->second.chunk == chunk ? it->second.size : 0;
+    }
+
+    /// Takes up to `limit` bytes (rounded up to units) of whole units of `unit` bytes out of the
+    /// blocks, largest blocks first and each block's high end first (its start stays where it
+    /// was), skipping the blocks for which `skip(free_block)` holds; passes each run taken to
+    /// `f(address, bytes)`, which must not throw. Returns the bytes taken. A bad_alloc (planning, or
+    /// a block split in two) stops it with what was taken so far.
+    template <class Skip, class F>
+    std::size_t take_whole(std::size_t unit, std::size_t limit, Skip&& skip, F&& f) noexcept {
+        std::vector<std::pair<std::uintptr_t, std::size_t>> runs;
+        try {
+            std::size_t planned = 0;
+            for (auto it = by_size_.rbegin(); it != by_size_.rend() && it->first >= unit && planned < limit; ++it) {
+                const free_block b{it->second, it->first, by_address_.find(it->second)->second.chunk};
+                const std::uintptr_t first = align_up(b.address, unit);
+                const std::uintptr_t last = align_down(b.address + b.size, unit);
+                if (last <= first || skip(b)) continue;
+                const std::size_t n = std::min<std::size_t>(last - first, align_up(limit - planned, unit));
+                runs.emplace_back(last - n, n);
+                planned += n;
+            }
+        } catch (...) {
+            return 0;
+        }
+        std::size_t taken = 0;
+        for (const auto& [address, n] : runs) {
+            try {
+                take_range(address, n);
+            } catch (...) {
+                break;
+            }
+            f(address, n);
+            taken += n;
+        }
+        return taken;
     }
 
     /// Removes and returns the block that starts at `address` in chunk `chunk` when it is smaller
@@ -138,6 +235,7 @@ public:
         by_size_.erase({b.size, b.address});
         by_address_.erase(it);
         bytes_ -= b.size;
+        whole_bytes_ -= whole(b.address, b.size);
         return b;
     }
 
@@ -152,6 +250,7 @@ public:
         by_size_.erase({b.size, b.address});
         by_address_.erase(it);
         bytes_ -= b.size;
+        whole_bytes_ -= whole(b.address, b.size);
         return b;
     }
 
@@ -165,6 +264,7 @@ public:
                 by_size_.erase({b.size, b.address});
                 it = by_address_.erase(it);
                 bytes_ -= b.size;
+                whole_bytes_ -= whole(b.address, b.size);
                 f(b);
             } else {
                 ++it;
@@ -179,6 +279,7 @@ public:
         by_address_.clear();
         by_size_.clear();
         bytes_ = 0;
+        whole_bytes_ = 0;
     }
 
     /// Calls `f(free_block)` for every block, in address order.
@@ -193,6 +294,13 @@ private:
         std::uintptr_t chunk;
     };
     using size_index = std::set<std::pair<std::size_t, std::uintptr_t>>;
+
+    [[nodiscard]] std::size_t whole(std::uintptr_t address, std::size_t size) const noexcept {
+        if (unit_ == 0) return 0;
+        const std::uintptr_t first = align_up(address, unit_);
+        const std::uintptr_t last = align_down(address + size, unit_);
+        return last > first ? last - first : 0;
+    }
 
     size_index::iterator find_fit(std::size_t size, std::size_t alignment) {
         auto it = by_size_.lower_bound({size, 0});
@@ -219,6 +327,8 @@ private:
     std::map<std::uintptr_t, info> by_address_;
     size_index by_size_;
     std::size_t bytes_ = 0;
+    std::size_t unit_ = 0;
+    std::size_t whole_bytes_ = 0;
 };
 
 } // namespace custody::pool::detail

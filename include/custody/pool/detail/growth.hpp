@@ -1,9 +1,12 @@
 /// @file
 /// `growth_rule`: how large a chunk the pool takes from its upstream when it grows, and the limits
-/// that say whether it may (maximum_size, the device budget), and the options' defaults.
+/// that say whether it may (maximum_size, the device budget), and the options' defaults;
+/// `device_budget`: those limits applied to an upstream and its device.
 #pragma once
 
 #include <custody/core/align.hpp>
+#include <custody/core/concepts.hpp>
+#include <custody/core/failure_callback.hpp>
 #include <custody/pool/detail/size_classes.hpp>
 #include <custody/pool/pool_options.hpp>
 
@@ -85,6 +88,67 @@ private:
     std::size_t maximum_;
     std::size_t headroom_;
     std::size_t capacity_;
+};
+
+/// The device `upstream`'s memory belongs to; -1 when it has none.
+template <class Upstream>
+[[nodiscard]] int device_of(const Upstream& upstream) {
+    if constexpr (device_bound_resource<Upstream>) {
+        return upstream.device();
+    } else {
+        return -1;
+    }
+}
+
+/// The growth rule applied to a pool's upstream and device: whether the pool may take more now
+/// (the device's memory queried through options.memory_info when set), what the upstream retains
+/// of what it was given back, and the upstream's own trim.
+/// Thread safety: as the upstream's retained_bytes and trim (the pool calls them under its store's
+/// lock). Ownership: refers to the upstream, which outlives it.
+template <stream_ordered_resource Upstream>
+class device_budget {
+public:
+    device_budget(Upstream& upstream, const pool_options& options, int device)
+        : upstream_(upstream), rule_(options), memory_info_(options.memory_info), device_(device) {}
+
+    [[nodiscard]] const growth_rule& rule() const noexcept { return rule_; }
+    [[nodiscard]] int device() const noexcept { return device_; }
+
+    /// Whether a pool holding `reserved` bytes may take `n` more now. What the upstream retains
+    /// counts as free: the pool's next memory comes from it first.
+    [[nodiscard]] bool allows(std::size_t n, std::size_t reserved) const {
+        std::optional<device_memory> device;
+        if (memory_info_ != nullptr) device = memory_info_(device_);
+        if (device) device->free = std::min(device->total, device->free + upstream_retained());
+        return rule_.allows(n, reserved, device);
+    }
+
+    /// Bytes the upstream keeps for itself of what was given back to it (a driver pool's reserve
+    /// beyond its live blocks), when it can tell (`Upstream::retained_bytes()`); else 0.
+    [[nodiscard]] std::size_t upstream_retained() const noexcept {
+        if constexpr (requires(const Upstream& u) { u.retained_bytes(); }) {
+            return upstream_.retained_bytes();
+        } else {
+            return 0;
+        }
+    }
+
+    /// The upstream's trim(), when it has one; a failure is reported (what was given back stays so).
+    void trim_upstream() noexcept {
+        if constexpr (requires(Upstream& u) { u.trim(); }) {
+            try {
+                upstream_.trim();
+            } catch (...) {
+                report_failure("stream_ordered_pool: the upstream could not give back the memory it retains");
+            }
+        }
+    }
+
+private:
+    Upstream& upstream_;
+    growth_rule rule_;
+    memory_info_function memory_info_;
+    int device_;
 };
 
 } // namespace custody::pool::detail

@@ -26,10 +26,11 @@ struct request {
     [[nodiscard]] constexpr bool small() const noexcept { return kind == block_kind::small; }
 };
 
-/// Classifies a call for `bytes` (1 <= bytes <= SIZE_MAX / 2) at `alignment`. O(1).
+/// Classifies a call for `bytes` (bytes <= SIZE_MAX / 2) at `alignment`. O(1). 0 bytes is the
+/// smallest class (the checked mode classifies before it sees that nothing is asked for).
 [[nodiscard]] constexpr request classify(std::size_t bytes, std::size_t alignment) noexcept {
     if (bytes <= small_threshold) {
-        const std::size_t c = class_of(bytes);
+        const std::size_t c = bytes == 0 ? 0 : class_of(bytes);
         return {bytes, class_size(c), alignment, static_cast<std::uint32_t>(c), block_kind::small};
     }
     return {bytes, (bytes + granule - 1) & ~(granule - 1), alignment, 0, block_kind::large};
@@ -43,7 +44,7 @@ struct request {
 static_assert(fits_granule(1) && fits_granule(granule) && !fits_granule(0) && !fits_granule(2 * granule) &&
               !fits_granule(3));
 
-static_assert(classify(1, 256).size == granule && classify(1, 256).small() && classify(1, 256).alignment == 256);
+static_assert(classify(0, 256).size == granule && classify(1, 256).size == granule && classify(1, 256).small() && classify(1, 256).alignment == 256);
 static_assert(classify(small_threshold + 1, 256).size == small_threshold + granule &&
               !classify(small_threshold + 1, 256).small());
 

@@ -12,9 +12,9 @@
 #include <custody/pool/detail/recent_blocks.hpp>
 #include <custody/pool/detail/request.hpp>
 #include <custody/pool/detail/spin_mutex.hpp>
-#include <custody/pool/detail/stream_table.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -26,10 +26,8 @@ namespace custody::pool::detail {
 /// streams' locks never share a line.
 ///
 /// Invariants (under mutex):
-///   cached_bytes() = classes.bytes() + spans[small].bytes() + spans[large].bytes() + recent.bytes()
-///   counts.block_bytes = the live block bytes counted on this stream + classes.bytes(): a block
-///   moving between the stream's class lists and its user (the fast path) changes neither, so the
-///   fast path counts no bytes but the live ones; tally() takes the lists' bytes back out
+///   cached = the bytes of the blocks in classes + spans[small].bytes() + spans[large].bytes()
+///            + recent.bytes()
 ///   every block in classes, spans and recent was given back on this stream (or was idle when
 ///   taken: the rest of a large block's chunk, kept beside it)
 ///   covered blocks: those classes.covered() and recent.covered() count, and all of spans;
@@ -37,102 +35,105 @@ namespace custody::pool::detail {
 ///   are idle. Only covered blocks leave the shard for another stream (except after the pool
 ///   synchronized the device).
 ///   1 <= to_record <= record_interval; to_record == record_interval => every block is covered
-///   uncovered_bytes = bytes given back (as requested) since the last record; record_limit: the bytes that make
-///   the stream record again, fixed at each record (and at creation)
-///   credit: the stream's live bytes and its credit (see peak_counter); counts.live_bytes is
-///   not kept here (tally() fills it in)
-/// Thread safety: the pool takes `mutex` around every use but of `key` (immutable).
+///   uncovered_bytes = bytes given back since the last record
+///   counts.live_bytes and credit: see peak_counter
+///   key != no_stream while the shard serves a stream; slow_users > 0 => it is not retired
+/// Thread safety: the pool takes `mutex` around every use; `key` changes only under it (a caller
+/// that found the shard by key checks it again there), and the table reads it without.
 template <class Event>
-struct alignas(64) shard : keyed { // keyed: `key`, the stream's, immutable
-    shard(std::uintptr_t stream_key, Event e, std::size_t record_interval, std::size_t first_record_limit)
-        : keyed{stream_key}, event(std::move(e)), to_record(static_cast<std::uint32_t>(record_interval)),
-          record_limit(first_record_limit) {}
+struct alignas(64) shard {
+    shard(std::uintptr_t stream_key, Event e, std::size_t record_interval)
+        : key(stream_key), event(std::move(e)), to_record(record_interval) {}
     shard(const shard&) = delete;
     shard& operator=(const shard&) = delete;
 
+    /// The key of no stream (a retired shard's): every bit set, which no platform hands out.
+    static constexpr std::uintptr_t no_stream = ~std::uintptr_t{0};
+
+    std::atomic<std::uintptr_t> key; ///< Platform::stream_key of the stream served; no_stream: retired
     mutable spin_mutex mutex;
     Event event;
+    std::size_t cached = 0;
     counters counts;
     peak_credit credit;
-    std::uint32_t to_record;         ///< frees left before the next record (32 bits: see validated)
+    std::size_t to_record;           ///< frees left before the next record
     std::size_t uncovered_bytes = 0; ///< bytes given back since the last record
-    std::size_t record_limit;        ///< uncovered_bytes that make the stream record
     class_lists classes;             ///< free size-class blocks, and which of them are covered
     /// spans[small]: size-class blocks merged (coalesced); spans[large]: larger blocks, and the
     /// rests of the chunks of this stream's large blocks
     per_kind<free_set> spans;
     recent_blocks recent; ///< the large blocks given back most recently
+    std::uint32_t slow_users = 0; ///< slow paths in progress on this shard (it is not retired meanwhile)
     static constexpr std::uint32_t never = UINT32_MAX;
     std::uint32_t recent_used = never; ///< the epoch of the last take from recent
 
     // ---- accounting ----
 
-    /// Counts a block of a class list handed out for `bytes`; returns the live bytes its credit did
-    /// not cover (to commit to the peak counter).
-    [[nodiscard, gnu::always_inline]] std::size_t on_allocated(std::size_t bytes) noexcept {
+    /// Counts an allocation of `r` served from this shard's own lists; returns the live bytes its
+    /// credit did not cover (to commit to the peak counter).
+    [[nodiscard]] std::size_t on_allocated(request r) noexcept {
         ++counts.allocations;
-        return charge(bytes);
+        counts.block_bytes += static_cast<std::int64_t>(r.size);
+        return charge(r.bytes);
     }
-    /// Counts a block of `size` bytes from elsewhere than the class lists (the slow path, the recent
-    /// blocks) handed out for `r`; returns what the credit did not cover. The stream counts as
-    /// reusing the request's size (see class_lists).
-    [[nodiscard]] std::size_t on_allocated_slow(std::size_t size, request r) noexcept {
+    /// The fast path's allocation: a block of `size` bytes from a class list for `bytes`; returns
+    /// the live bytes its credit did not cover.
+    [[nodiscard, gnu::always_inline]] std::size_t on_popped(std::size_t size, std::size_t bytes) noexcept {
+        cached -= size;
+        ++counts.allocations;
+        counts.block_bytes += static_cast<std::int64_t>(size);
+        counts.live_bytes += static_cast<std::int64_t>(bytes);
+        return credit.charge(bytes);
+    }
+    /// The fast path's free: a block of `size` bytes for `bytes` pushed on a class list; true when
+    /// the event is due to be recorded (every record_interval frees, record_bytes given back, or
+    /// the stream giving back the last of what it holds: see stream_caches::give_back).
+    [[nodiscard, gnu::always_inline]] bool on_pushed(std::size_t size, std::size_t bytes, std::size_t record_bytes) noexcept {
+        const bool last = counts.live_bytes > 0 && counts.live_bytes <= static_cast<std::int64_t>(bytes);
+        ++counts.deallocations;
+        counts.block_bytes -= static_cast<std::int64_t>(size);
+        counts.live_bytes -= static_cast<std::int64_t>(bytes);
+        credit.add(bytes);
+        return stored(size, record_bytes) || last;
+    }
+    /// The stream asked for a block of `r`'s size from elsewhere than its lists: it counts as
+    /// reusing the size (see class_lists), so that its blocks of it stay with it.
+    void mark_used(request r) noexcept {
         if (r.small()) {
             classes.mark_used(r.size_class);
         } else {
             recent_used = classes.epoch();
         }
-        return on_allocated_slow(size, r.bytes);
-    }
-    /// The same without a size to mark.
-    [[nodiscard]] std::size_t on_allocated_slow(std::size_t size, std::size_t bytes) noexcept {
-        ++counts.allocations;
-        ++counts.slow_allocations;
-        counts.block_bytes += static_cast<std::int64_t>(size);
-        return charge(bytes);
     }
     /// Adds `bytes` to the stream's live bytes; returns what its credit did not cover.
-    [[nodiscard, gnu::always_inline]] std::size_t charge(std::size_t bytes) noexcept { return credit.charge(bytes); }
-    /// Counts a block given back on this stream for `bytes` into a class list; they become credit.
-    [[gnu::always_inline]] void on_deallocated(std::size_t bytes) noexcept {
+    [[nodiscard]] std::size_t charge(std::size_t bytes) noexcept {
+        counts.live_bytes += static_cast<std::int64_t>(bytes);
+        return credit.charge(bytes);
+    }
+    /// Counts `r` given back on this stream; its bytes become credit.
+    void on_deallocated(request r) noexcept {
         ++counts.deallocations;
-        credit.add(bytes);
-    }
-    /// Counts `size` bytes of blocks that left the counts' reach: given back on this stream into
-    /// another structure than a class list (or lost), or taken out of the class lists.
-    void uncount_blocks(std::size_t size) noexcept { counts.block_bytes -= static_cast<std::int64_t>(size); }
-    /// Counts `size` bytes of blocks that joined the class lists from elsewhere.
-    void count_blocks(std::size_t size) noexcept { counts.block_bytes += static_cast<std::int64_t>(size); }
-
-    /// The stream's counts, its live bytes included. O(classes).
-    [[nodiscard]] counters tally() const noexcept {
-        counters c = counts;
-        c.block_bytes -= static_cast<std::int64_t>(classes.bytes());
-        c.live_bytes = credit.live();
-        return c;
-    }
-    /// The bytes of every free block the stream holds. O(classes).
-    [[nodiscard]] std::size_t cached_bytes() const noexcept {
-        return classes.bytes() + spans[block_kind::small].bytes() + spans[block_kind::large].bytes() + recent.bytes();
+        counts.block_bytes -= static_cast<std::int64_t>(r.size);
+        counts.live_bytes -= static_cast<std::int64_t>(r.bytes);
+        credit.add(r.bytes);
     }
 
     // ---- covering ----
 
     /// Some block was given back since the last record.
     [[nodiscard]] bool dirty(std::size_t record_interval) const noexcept { return to_record != record_interval; }
-    /// Counts a block given back for `bytes` and stored; true when the event is due to be recorded.
-    [[nodiscard, gnu::always_inline]] bool stored(std::size_t bytes) noexcept {
-        uncovered_bytes += bytes;
-        return --to_record == 0 || uncovered_bytes >= record_limit;
+    /// Counts a block of `size` bytes stored; true when the event is due to be recorded.
+    [[nodiscard]] bool stored(std::size_t size, std::size_t record_bytes) noexcept {
+        cached += size;
+        uncovered_bytes += size;
+        return --to_record == 0 || uncovered_bytes >= record_bytes;
     }
-    /// The event was just recorded on the stream: every block held is covered; the next record
-    /// comes after `record_interval` frees or `next_limit` bytes.
-    void on_recorded(std::size_t record_interval, std::size_t next_limit) noexcept {
+    /// The event was just recorded on the stream: every block held is covered.
+    void on_recorded(std::size_t record_interval) noexcept {
         classes.on_record();
         recent.cover();
-        to_record = static_cast<std::uint32_t>(record_interval);
+        to_record = record_interval;
         uncovered_bytes = 0;
-        record_limit = next_limit;
     }
 
     // ---- taking ----
@@ -140,12 +141,17 @@ struct alignas(64) shard : keyed { // keyed: `key`, the stream's, immutable
     /// Takes a block of `size` bytes at `alignment` from spans[kind] (best fit); 0 when none fits.
     [[nodiscard]] std::uintptr_t take_span(block_kind kind, std::size_t size, std::size_t alignment) {
         if (spans[kind].empty()) return 0;
-        return spans[kind].take(size, alignment).address;
+        const free_block b = spans[kind].take(size, alignment);
+        cached -= b.size;
+        return b.address;
     }
     /// Takes a recent large block of exactly `size` bytes at `alignment`; 0 when none fits.
     [[nodiscard]] std::uintptr_t take_recent(std::size_t size, std::size_t alignment) noexcept {
         const std::uintptr_t address = recent.take_exact(size, alignment);
-        if (address != 0) recent_used = classes.epoch();
+        if (address != 0) {
+            cached -= size;
+            recent_used = classes.epoch();
+        }
         return address;
     }
     /// The stream took one of its recent blocks in this epoch or the one before: it is reusing
@@ -187,15 +193,12 @@ struct alignas(64) shard : keyed { // keyed: `key`, the stream's, immutable
 
     /// Moves every size-class block into the spans, coalescing runs of neighbours (see
     /// chunk_map::insert_runs), through `scratch` (reserved by the caller for
-    /// classes.count(false) blocks). Precondition: every block is covered. Blocks that no node
+    /// classes.count(which_blocks::all) blocks). Precondition: every block is covered. Blocks that no node
     /// could store go to `lost(size)`.
     template <class Lost>
     void merge_classes(std::vector<free_block>& scratch, const chunk_map& chunks, Lost&& lost) noexcept {
-        classes.take(which_blocks::all, [&](std::uintptr_t a, std::size_t size) {
-            scratch.push_back({a, size, 0});
-            uncount_blocks(size);
-        });
-        chunks.insert_runs(scratch, spans, lost);
+        classes.take(which_blocks::all, [&](std::uintptr_t a, std::size_t size) { scratch.push_back({a, size, 0}); });
+        cached -= chunks.insert_runs(scratch, spans, lost);
     }
 
     /// Takes the blocks `which` means out of the shard (every span's: they are covered), chunks to
@@ -205,10 +208,7 @@ struct alignas(64) shard : keyed { // keyed: `key`, the stream's, immutable
         const std::size_t from_recent = recent_count(which);
         blocks.reserve(spans[block_kind::small].count() + spans[block_kind::large].count() + from_recent +
                        classes.count(which));
-        classes.take(which, [&](std::uintptr_t a, std::size_t size) {
-            blocks.push_back({a, size, 0});
-            uncount_blocks(size);
-        });
+        classes.take(which, [&](std::uintptr_t a, std::size_t size) { blocks.push_back({a, size, 0}); });
         recent.take_oldest(from_recent, [&](const free_block& b) { blocks.push_back(b); });
         for (block_kind kind : block_kinds) {
             spans[kind].drain([&](free_block b) {
@@ -216,13 +216,30 @@ struct alignas(64) shard : keyed { // keyed: `key`, the stream's, immutable
                 blocks.push_back(b);
             });
         }
+        for (const auto& b : blocks) cached -= b.size;
         if (which == which_blocks::all) {
-            to_record = static_cast<std::uint32_t>(record_interval);
+            to_record = record_interval;
             uncovered_bytes = 0;
         }
         return blocks;
     }
 
+    /// Whether the shard serves stream `k` (its lock held).
+    [[nodiscard]] bool serves(std::uintptr_t k) const noexcept { return key.load(std::memory_order_relaxed) == k; }
+
+    /// Makes an empty, retired shard serve stream `k` (its lock held).
+    void serve(std::uintptr_t k, std::size_t record_interval) noexcept {
+        counts = {};
+        to_record = record_interval;
+        uncovered_bytes = 0;
+        recent_used = never;
+        key.store(k, std::memory_order_release);
+    }
+
+    /// The bytes of the size-class lists.
+    [[nodiscard]] std::size_t class_bytes() const noexcept {
+        return cached - spans[block_kind::small].bytes() - spans[block_kind::large].bytes() - recent.bytes();
+    }
     /// The largest free block held.
     [[nodiscard]] std::size_t largest() const noexcept {
         std::size_t n = std::max(recent.largest(), classes.largest());

@@ -1,6 +1,6 @@
 /// @file
-/// `shared_store`: the pool's memory outside every stream: the chunks it took from its upstream,
-/// how it grows, and the free spans any stream may use at once.
+/// `shared_store`: the pool's memory outside every stream: the free spans any stream may use at
+/// once, the quarantine, and the growth (chunks or mapped granules) that feeds them.
 #pragma once
 
 #include <custody/core/align.hpp>
@@ -8,8 +8,9 @@
 #include <custody/core/failure_callback.hpp>
 #include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/chunk_map.hpp>
+#include <custody/pool/detail/chunked_growth.hpp>
 #include <custody/pool/detail/free_set.hpp>
-#include <custody/pool/detail/growth.hpp>
+#include <custody/pool/detail/mapped_growth.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/pool_statistics.hpp>
 
@@ -18,8 +19,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <optional>
-#include <utility>
 #include <vector>
 
 namespace custody::pool::detail {
@@ -34,48 +33,46 @@ struct taken_block {
     free_block tail;
 };
 
-/// The alignment a pool asks its chunks with: the upstream's largest (when it declares one), at
-/// most a page, at least the granule.
+/// How a pool over `Upstream` grows: by mapping granules where the upstream can map
+/// (mapped_growth), in chunks otherwise (chunked_growth).
 template <class Upstream>
-[[nodiscard]] constexpr std::size_t chunk_alignment_of() noexcept {
-    if constexpr (requires { Upstream::max_alignment; }) {
-        return std::clamp<std::size_t>(Upstream::max_alignment, granule, custody::max_alignment);
-    } else {
-        return granule;
-    }
-}
-
-/// The device `upstream`'s memory belongs to; -1 when it has none.
+struct growth_choice {
+    using type = chunked_growth<Upstream>;
+};
+template <mapping_upstream Upstream>
+struct growth_choice<Upstream> {
+    using type = mapped_growth<Upstream>;
+};
 template <class Upstream>
-[[nodiscard]] int device_of(const Upstream& upstream) {
-    if constexpr (device_bound_resource<Upstream>) {
-        return upstream.device();
-    } else {
-        return -1;
-    }
-}
+using growth_of = typename growth_choice<Upstream>::type;
 
-/// The chunks of a pool over `Upstream` and the free spans that belong to no stream: fresh chunks,
-/// and streams' blocks once their work is known to have finished.
+/// The free spans of a pool over `Upstream` that belong to no stream (fresh memory, and streams'
+/// blocks once their work is known to have finished), and the growth that feeds them.
 ///
 /// Invariants (under mutex_ for free_):
-///   chunks().reserved() = the pool's live block bytes + the streams' cached bytes
-///                         + free_[small].bytes() + free_[large].bytes() + quarantined_
-///   free_[k] holds only blocks of chunks of kind k, and only idle ones (any stream may use them)
-/// Thread safety: thread-safe; one mutex for the free spans (taken after a shard's lock is
-/// released, never with it), then the chunk map's. Ownership: holds the chunks (given back by
-/// release_free_chunks and release_all), not the upstream, which must outlive it.
-/// Complexity: O(log n) per take or insert; growing costs one upstream call (and the memory query).
+///   reserved() = the pool's live block bytes + the streams' cached bytes
+///                + free_[small].bytes() + free_[large].bytes() + quarantined_
+///   free_[k] holds only blocks of chunks (or the region) of kind k, and only idle ones (any stream
+///   may use them)
+/// Thread safety: thread-safe; one mutex for the free spans and the growth (taken after a shard's
+/// lock is released, never with it), then the chunk map's. Ownership: the growth holds the memory
+/// (given back by release_free_chunks and release_all), not the upstream, which must outlive it.
+/// Complexity: O(log n) per take or insert; growing costs an upstream call or a few (and the
+/// memory query).
 template <stream_ordered_resource Upstream>
 class shared_store {
 public:
     using stream_type = typename Upstream::stream_type;
+    using growth_type = growth_of<Upstream>;
+    /// Whether the pool grows by mapping granules (mapped_growth).
+    static constexpr bool maps = mapping_upstream<Upstream>;
+    static constexpr std::size_t chunk_alignment = growth_type::chunk_alignment;
 
-    /// Over `upstream`, with validated `options`, for memory of `device` (-1: none); chunks are
-    /// requested at `chunk_alignment`.
-    shared_store(Upstream& upstream, const pool_options& options, int device, std::size_t chunk_alignment)
-        : upstream_(upstream), growth_(options), memory_info_(options.memory_info), device_(device),
-          chunk_alignment_(chunk_alignment) {}
+    /// Over `upstream`, with validated `options`, for memory of `device` (-1: none).
+    shared_store(Upstream& upstream, const pool_options& options, int device)
+        : growth_(upstream, options, device), initial_(align_up(options.initial_size, granule)) {
+        if constexpr (maps) growth_.prepare(free_);
+    }
     shared_store(const shared_store&) = delete;
     shared_store& operator=(const shared_store&) = delete;
 
@@ -109,65 +106,101 @@ public:
         }
     }
 
-    /// Takes a new chunk of `kind` for the request (the growth rule's size, or exactly what the
-    /// request needs when that is refused) and cuts the block from the shared set. A block of size
-    /// 0 when the pool may not grow or the upstream refuses.
+    /// A block of `kind` from memory the pool takes now (a new chunk, or granules mapped), cut from
+    /// the shared set, with its chunk's tail when `with_tail`. Which memory serves is decided here:
+    /// - while the pool holds no more than its initial size, either kind's memory serves either
+    ///   kind of request, before the pool grows: a working set known up front
+    ///   (pool_options::initial_size) never makes it grow, whatever its sizes;
+    /// - when the pool may not grow, the other kind's serves too (segregation is a preference).
+    /// A block of size 0 when nothing serves.
     [[nodiscard]] taken_block grow_and_take(block_kind kind, std::size_t size, std::size_t alignment, bool with_tail) {
         std::lock_guard lock(mutex_);
-        if (!grow(kind, need(size, alignment))) return {};
-        return take_locked(kind, size, alignment, with_tail);
+        if (within_initial()) {
+            if (const free_block b = free_[other(kind)].take(size, alignment); b.size != 0) return {b, {}};
+        }
+        if (growth_.grow(free_, kind, size, alignment)) return take_locked(kind, size, alignment, with_tail);
+        return {free_[other(kind)].take(size, alignment), {}};
     }
+    /// Whether the pool still holds no more than its initial size (then either kind serves).
+    [[nodiscard]] bool within_initial() const noexcept { return initial_ != 0 && growth_.reserved() <= initial_; }
 
     /// The last resort's retry, once every stream's cache came back: a block of `kind`, else of
-    /// the other kind, else after giving every wholly free chunk back and growing once.
+    /// the other kind, else after giving every wholly free chunk (granule) back and growing once.
     [[nodiscard]] free_block take_or_regrow(block_kind kind, std::size_t size, std::size_t alignment) {
         std::lock_guard lock(mutex_);
         free_block b = free_[kind].take(size, alignment);
         if (b.size == 0) b = free_[other(kind)].take(size, alignment);
         if (b.size != 0) return b;
-        release_free_chunks_locked();
-        if (grow(kind, need(size, alignment))) b = free_[kind].take(size, alignment);
+        growth_.release(free_);
+        if (growth_.grow(free_, kind, size, alignment)) b = free_[kind].take(size, alignment);
         return b;
     }
 
-    /// Takes exactly `n` bytes from the upstream as one chunk of `kind` (the pool's initial size).
-    /// False when the limits or the upstream refuse.
+    /// For a pool that maps: what growing for a block would map beyond the wholly free granules
+    /// the shared set holds (see mapped_growth::shortfall); 0 otherwise.
+    [[nodiscard]] std::size_t shortfall(block_kind kind, std::size_t size, std::size_t alignment) const {
+        if constexpr (maps) {
+            std::lock_guard lock(mutex_);
+            return growth_.shortfall(free_, kind, size, alignment);
+        } else {
+            return 0;
+        }
+    }
+    /// For a pool that maps: unmaps `runs`, whole granules of idle memory taken out of streams'
+    /// caches (see mapped_growth::unmap_idle).
+    void unmap_idle(const std::vector<address_run>& runs) noexcept {
+        if constexpr (maps) {
+            std::lock_guard lock(mutex_);
+            for (const address_run& r : runs) growth_.unmap_idle(free_, r);
+        }
+    }
+    /// The unit a pool that maps unmaps in; 0 for one that grows in chunks.
+    [[nodiscard]] std::size_t map_granule() const noexcept {
+        if constexpr (maps) {
+            return growth_.space().granule();
+        } else {
+            return 0;
+        }
+    }
+
+    /// Takes exactly `n` bytes from the upstream for `kind` (the pool's initial size). False when
+    /// the limits or the upstream refuse.
     [[nodiscard]] bool grow_exactly(block_kind kind, std::size_t n) {
         std::lock_guard lock(mutex_);
-        return add_chunk(kind, n);
+        return growth_.grow_exactly(free_, kind, n);
     }
 
     /// Puts an idle block of this pool into the shared set; when there is no host memory for it,
     /// it is counted lost (see lose).
     void insert(free_block b) noexcept {
-        b = chunks_.locate(b);
+        b = chunks().locate(b);
         std::lock_guard lock(mutex_);
         try {
             free_[b.kind].insert(b);
         } catch (...) {
             lose(b.size);
         }
+        if constexpr (maps) growth_.on_returned(free_);
     }
     /// Puts idle blocks into the shared set, coalescing (see chunk_map::insert_runs).
     void insert_runs(std::vector<free_block>& blocks) noexcept {
         std::lock_guard lock(mutex_);
-        chunks_.insert_runs(blocks, free_, [&](std::size_t size) { lose(size); });
+        chunks().insert_runs(blocks, free_, [&](std::size_t size) { lose(size); });
+        if constexpr (maps) growth_.on_returned(free_);
     }
 
-    /// Gives every chunk that is wholly free back to the upstream, which then gives back what it
-    /// retains (`Upstream::trim()`, when it has one: a driver pool keeps freed memory otherwise, out
-    /// of reach of the rest of the device); returns the bytes given back to the upstream.
+    /// Gives every chunk (granule) that is wholly free back to the upstream, which then gives back
+    /// what it retains (`Upstream::trim()`, when it has one: a driver pool keeps freed memory
+    /// otherwise, out of reach of the rest of the device); returns the bytes given back.
     std::size_t release_free_chunks() noexcept {
         std::lock_guard lock(mutex_);
-        return release_free_chunks_locked();
+        return growth_.release(free_);
     }
 
     /// Gives every chunk back to the upstream, free or not (the pool's end).
     void release_all() noexcept {
         std::lock_guard lock(mutex_);
-        chunks_.for_each([&](std::uintptr_t base, std::size_t size) {
-            upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), size, chunk_alignment_);
-        });
+        growth_.release_all();
     }
 
     /// A block never to be reused (given back during graph capture, or its stream failed): its
@@ -179,126 +212,42 @@ public:
         report_failure("stream_ordered_pool: no host memory to record a free block; it stays unused until the pool ends");
     }
 
-    /// Adds the shared set's free bytes, its largest block, the chunks and the quarantine to `p`.
+    /// Adds the shared set's free bytes, its largest block, the quarantine and the growth's
+    /// figures (chunks or address space, upstream calls) to `p`.
     void add_to(pool_statistics& p) const {
         std::lock_guard lock(mutex_);
         for (const auto& set : free_) {
             p.shared_free_bytes += set.bytes();
             p.largest_free_block = std::max(p.largest_free_block, set.largest());
         }
-        p.chunks = chunks_.count();
         p.quarantined_bytes = quarantined_.load(std::memory_order_relaxed);
-        p.upstream_allocations = chunks_.added();
-        p.upstream_deallocations = chunks_.removed();
-        p.upstream_retained_bytes = upstream_retained();
+        growth_.add_to(p);
     }
 
-    /// Bytes the upstream keeps for itself of what was given back to it (a driver pool's reserve
-    /// beyond its live blocks), when it can tell (`Upstream::retained_bytes()`); else 0.
-    [[nodiscard]] std::size_t upstream_retained() const noexcept {
-        if constexpr (requires(const Upstream& u) { u.retained_bytes(); }) {
-            return upstream_.retained_bytes();
-        } else {
-            return 0;
-        }
-    }
-
-    [[nodiscard]] const chunk_map& chunks() const noexcept { return chunks_; }
-    [[nodiscard]] std::size_t reserved() const noexcept { return chunks_.reserved(); }
+    /// The chunks (or the regions) blocks are cut from.
+    [[nodiscard]] const chunk_map& chunks() const noexcept { return growth_.chunks(); }
+    /// The bytes held from the upstream: its chunks, or the granules mapped.
+    [[nodiscard]] std::size_t reserved() const noexcept { return growth_.reserved(); }
+    [[nodiscard]] std::size_t peak_reserved() const noexcept { return growth_.peak_reserved(); }
     /// Whether `n` more bytes may be taken from the upstream now (the limits and the device budget).
-    [[nodiscard]] bool may_take(std::size_t n) const { return within_limits(n); }
+    [[nodiscard]] bool may_take(std::size_t n) const { return growth_.may_take(n); }
 
 private:
-    /// What a chunk must hold for a block of `size` at `alignment`, whatever the chunk's own
-    /// alignment.
-    [[nodiscard]] std::size_t need(std::size_t size, std::size_t alignment) const noexcept {
-        return size + (alignment > chunk_alignment_ ? alignment - chunk_alignment_ : 0);
-    }
-
     taken_block take_locked(block_kind kind, std::size_t size, std::size_t alignment, bool with_tail) {
         taken_block t;
         if (free_[kind].empty()) return t;
         t.block = free_[kind].take(size, alignment);
-        if (t.block.size != 0 && with_tail && kind == block_kind::large) {
+        if (growth_type::keeps_tails && t.block.size != 0 && with_tail && kind == block_kind::large) {
             t.tail = free_[kind].take_at(t.block.address + t.block.size, t.block.chunk, small_threshold + granule);
             t.tail.kind = block_kind::large;
         }
         return t;
     }
 
-    /// Whether the pool may take `n` more bytes now (queries the device's memory when
-    /// options.memory_info is set). What the upstream retains counts as free: the next chunk comes
-    /// from it first.
-    [[nodiscard]] bool within_limits(std::size_t n) const {
-        std::optional<device_memory> device;
-        if (memory_info_ != nullptr) device = memory_info_(device_);
-        if (device) device->free = std::min(device->total, device->free + upstream_retained());
-        return growth_.allows(n, chunks_.reserved(), device);
-    }
-
-    /// The upstream's trim(), when it has one; a failure is reported (the chunks are back all the same).
-    void trim_upstream() noexcept {
-        if constexpr (requires(Upstream& u) { u.trim(); }) {
-            try {
-                upstream_.trim();
-            } catch (...) {
-                report_failure("stream_ordered_pool: the upstream could not give back the memory it retains");
-            }
-        }
-    }
-
-    /// Takes a chunk of `kind` for a block needing `size` bytes (mutex_ held). Its size follows
-    /// the reserve of its own kind: small chunks sized by a reserve made of large ones would hold
-    /// a few small blocks each in hundreds of megabytes.
-    bool grow(block_kind kind, std::size_t size) {
-        const std::size_t preferred = growth_.preferred_chunk(size, chunks_.reserved(kind));
-        if (preferred != size && add_chunk(kind, preferred)) return true;
-        return add_chunk(kind, size);
-    }
-
-    /// Takes exactly `n` bytes as a chunk of `kind` into the shared set (mutex_ held). Strong.
-    bool add_chunk(block_kind kind, std::size_t n) {
-        if (!within_limits(n)) return false;
-        void* p = custody::try_allocate(upstream_, stream_type{}, n, chunk_alignment_);
-        if (p == nullptr) return false;
-        const auto base = reinterpret_cast<std::uintptr_t>(p);
-        try {
-            chunks_.add(base, n, kind);
-            try {
-                free_[kind].insert({base, n, base, kind});
-            } catch (...) {
-                chunks_.remove(base);
-                throw;
-            }
-        } catch (...) {
-            upstream_.deallocate(stream_type{}, p, n, chunk_alignment_);
-            throw;
-        }
-        return true;
-    }
-
-    std::size_t release_free_chunks_locked() noexcept {
-        std::size_t released = 0;
-        for (auto& set : free_) {
-            const auto whole = [&](std::uintptr_t address, std::size_t size) { return chunks_.is_whole(address, size); };
-            set.take_whole_chunks(whole, [&](const free_block& b) {
-                chunks_.remove(b.address);
-                upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(b.address), b.size, chunk_alignment_);
-                released += b.size;
-            });
-        }
-        trim_upstream();
-        return released;
-    }
-
-    Upstream& upstream_;
-    growth_rule growth_;
-    memory_info_function memory_info_;
-    int device_;
-    std::size_t chunk_alignment_;
     mutable std::mutex mutex_;
+    growth_type growth_;      ///< guarded by mutex_ (its counters may be read without it)
+    std::size_t initial_;     ///< pool_options::initial_size, rounded
     per_kind<free_set> free_; ///< guarded by mutex_
-    chunk_map chunks_;
     std::atomic<std::size_t> quarantined_{0}; ///< bytes never reused again (capture, lost)
 };
 

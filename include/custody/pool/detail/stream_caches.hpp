@@ -5,9 +5,11 @@
 
 #include <custody/core/concepts.hpp>
 #include <custody/core/failure_callback.hpp>
+#include <custody/platform/capture.hpp>
 #include <custody/platform/platform.hpp>
 #include <custody/pool/detail/counters.hpp>
 #include <custody/pool/detail/event_pool.hpp>
+#include <custody/pool/detail/peak_counter.hpp>
 #include <custody/pool/detail/request.hpp>
 #include <custody/pool/detail/shard.hpp>
 #include <custody/pool/detail/shared_store.hpp>
@@ -48,11 +50,12 @@ public:
 
     /// For a pool of `device` (-1: none) with validated `options`. Creates options.initial_events
     /// events (on `device`, or the current one), and throws what creating them throws.
-    stream_caches(const pool_options& options, int device, shared_store<Upstream>& store, activity_counters& activity)
+    stream_caches(const pool_options& options, int device, shared_store<Upstream>& store, activity_counters& activity,
+                  peak_counter& peak)
         : record_interval_(options.record_interval), record_bytes_(options.record_bytes),
           record_share_(options.record_share), device_(device),
           events_(device >= 0 ? device : platform_type::current_device(), options.initial_events, options.event_batch),
-          table_(options.max_streams), store_(store), activity_(activity) {}
+          table_(options.max_streams), store_(store), activity_(activity), peak_(peak) {}
     stream_caches(const stream_caches&) = delete;
     stream_caches& operator=(const stream_caches&) = delete;
 
@@ -73,31 +76,60 @@ public:
 
     // ---- finding a stream's shard ----
 
-    /// The stream's shard when it has one already (the fast path's lookup: no creation, no lock,
-    /// no write); nullptr otherwise. (No platform gives a stream the key keyed::no_key.)
-    [[nodiscard, gnu::always_inline]] shard* find(stream_type stream) const noexcept {
-        return table_.find(platform_type::stream_key(stream));
+    /// The key a stream's shard is found by (Platform::stream_key).
+    [[nodiscard]] static std::uintptr_t key_of(stream_type stream) { return platform_type::stream_key(stream); }
+
+    /// The shard of the stream whose key is `key`, made at its first use (given a retired shard's
+    /// place when max_streams shards exist); nullptr when every shard serves a stream that is
+    /// still active. Lock-free when the shard exists. Throws std::invalid_argument for a stream of
+    /// another device, and what making an event throws. The caller checks shard::serves(key) under
+    /// the shard's lock before using it (it may have been retired since).
+    shard* shard_for(stream_type stream, std::uintptr_t key) {
+        if (shard* sh = table_.find(key)) [[likely]] return sh;
+        return make_shard(stream, key);
     }
 
-    /// The stream's shard, made at its first use; nullptr when max_streams shards exist.
-    /// Lock-free when the shard exists. Throws std::invalid_argument for a stream of another
-    /// device, and what making an event throws.
-    shard* shard_for(stream_type stream) {
-        if (shard* sh = table_.find(platform_type::stream_key(stream))) [[likely]] return sh;
-        return make_shard(stream);
-    }
+    /// The shard found under `key` without creating one (the fast path's lookup: no lock, no
+    /// write); nullptr otherwise. The caller checks shard::serves(key) under the shard's lock.
+    [[nodiscard, gnu::always_inline]] shard* find(std::uintptr_t key) const noexcept { return table_.find(key); }
 
     /// shard_for for deallocate: nullptr for a stream of another device (served without a
     /// shard, as documented), and when no shard can be made (reported).
-    shard* shard_for_free(stream_type stream) noexcept {
-        if (shard* sh = table_.find(platform_type::stream_key(stream))) [[likely]] return sh;
-        return make_shard_for_free(stream);
+    shard* shard_for_free(stream_type stream, std::uintptr_t key) noexcept {
+        if (shard* sh = table_.find(key)) [[likely]] return sh;
+        return make_shard_for_free(stream, key);
     }
 
+    /// Holds a shard against retirement for a slow path: `get()` is the shard (nullptr when it no
+    /// longer serves the stream: the call is then served without one).
+    class pinned {
+    public:
+        pinned(shard* sh, std::uintptr_t key) noexcept : sh_(sh) {
+            if (sh_ == nullptr) return;
+            std::lock_guard lock(sh_->mutex);
+            if (sh_->serves(key)) {
+                ++sh_->slow_users;
+            } else {
+                sh_ = nullptr;
+            }
+        }
+        ~pinned() {
+            if (sh_ == nullptr) return;
+            std::lock_guard lock(sh_->mutex);
+            --sh_->slow_users;
+        }
+        pinned(const pinned&) = delete;
+        pinned& operator=(const pinned&) = delete;
+        [[nodiscard]] shard* get() const noexcept { return sh_; }
+
+    private:
+        shard* sh_;
+    };
+
 private:
-    [[gnu::noinline]] shard* make_shard_for_free(stream_type stream) noexcept {
+    [[gnu::noinline]] shard* make_shard_for_free(stream_type stream, std::uintptr_t key) noexcept {
         try {
-            return make_shard(stream);
+            return make_shard(stream, key);
         } catch (const std::invalid_argument&) {
             return nullptr;
         } catch (...) {
@@ -108,49 +140,103 @@ private:
     }
 
     /// The slow half of shard_for, out of line so that the lookup stays small enough to inline.
-    [[gnu::noinline]] shard* make_shard(stream_type stream) {
-        const std::uintptr_t key = platform_type::stream_key(stream);
-        return table_.find_or_create(key, [&] {
-            if (device_ >= 0 && !(stream == stream_type{}) && platform_type::stream_device(stream) != device_) {
-                throw std::invalid_argument("custody: stream of device " +
-                                            std::to_string(platform_type::stream_device(stream)) +
-                                            " used with a pool of device " + std::to_string(device_));
-            }
-            return std::make_unique<shard>(key, events_.acquire(), record_interval_, record_threshold());
-        });
+    /// When every shard serves a stream, those whose blocks are all idle are retired first.
+    [[gnu::noinline]] shard* make_shard(stream_type stream, std::uintptr_t key) {
+        if (device_ >= 0 && !(stream == stream_type{}) && platform_type::stream_device(stream) != device_) {
+            throw std::invalid_argument("custody: stream of device " + std::to_string(platform_type::stream_device(stream)) +
+                                        " used with a pool of device " + std::to_string(device_));
+        }
+        const auto make = [&](shard* reuse) {
+            if (reuse == nullptr) return std::make_unique<shard>(key, events_.acquire(), record_interval_).release();
+            std::lock_guard lock(reuse->mutex);
+            reuse->serve(key, record_interval_);
+            return reuse;
+        };
+        if (shard* sh = table_.find_or_create(key, make)) return sh;
+        if (retire_idle() == 0) return nullptr;
+        return table_.find_or_create(key, make);
     }
 
 public:
-    // ---- giving back ----
+    // ---- streams that went away ----
 
-    /// The fast path's free: a block of size class `c` given back for `bytes` on the shard's
-    /// stream, kept in its class list when the list has room without allocating. False (nothing
-    /// changed) otherwise: then give_back.
-    [[nodiscard, gnu::always_inline]] bool give_back_class(shard& sh, stream_type stream, std::uintptr_t address,
-                                                           std::size_t c, std::size_t bytes) noexcept {
-        sh.mutex.lock(); // by hand: nothing in between throws, and a lock_guard is not always inlined
-        if (!sh.classes.push_within_capacity(c, address)) [[unlikely]] {
-            sh.mutex.unlock();
-            return false;
-        }
-        if (sh.stored(bytes)) [[unlikely]] cover(sh, stream);
-        sh.on_deallocated(bytes);
-        sh.mutex.unlock();
-        return true;
+    /// Retires the shards whose blocks are all idle: covered, and their event completed (a
+    /// destroyed stream's, once its last event completed; a live stream's that has nothing pending):
+    /// their blocks go to the shared set, their counts to the pool's totals, their credit back to
+    /// the peak counter, and the shard serves the next new stream (a live stream whose shard went
+    /// gets another at its next call). Runs when every shard serves a stream, so that streams
+    /// created and destroyed without end keep shards, without a host wait. Returns the shards
+    /// retired.
+    std::size_t retire_idle() {
+        std::lock_guard sweep(sweep_mutex_);
+        // An event query must not break a capture another thread has open (it touches nothing of it).
+        const basic_capture_mode_guard<platform_type> relaxed(capture_mode::relaxed);
+        std::size_t retired = 0;
+        table_.for_each([&](shard& sh) {
+            std::vector<free_block> blocks;
+            std::uintptr_t key = shard::no_stream;
+            {
+                std::lock_guard lock(sh.mutex);
+                key = sh.key.load(std::memory_order_relaxed);
+                if (key == shard::no_stream || sh.slow_users != 0 || sh.dirty(record_interval_) ||
+                    !sh.recent.all_covered() || !idle(sh.event)) {
+                    return;
+                }
+                blocks = sh.take_blocks(which_blocks::all, record_interval_); // may throw: nothing taken
+                retired_ += sh.counts;
+                peak_.release(sh.credit.take_all());
+                sh.counts = {};
+                sh.key.store(shard::no_stream, std::memory_order_release);
+            }
+            store_.insert_runs(blocks);
+            table_.retire(&sh, key);
+            ++retired;
+        });
+        activity_.retired.fetch_add(retired, std::memory_order_relaxed);
+        return retired;
     }
 
-    /// Keeps a block given back on the shard's stream; counts it lost when there is no host
-    /// memory to hold it.
-    void give_back(shard& sh, stream_type stream, std::uintptr_t address, request r) noexcept {
+    /// Adds the counts of the shards retired so far to `c`.
+    void add_retired(counters& c) const {
+        std::lock_guard sweep(sweep_mutex_);
+        c += retired_;
+    }
+
+    // ---- giving back ----
+
+    /// Keeps a block given back on the shard's stream (whose key is `key`); counts it lost when
+    /// there is no host memory to hold it. False, changing nothing, when the shard no longer serves
+    /// the stream (the caller looks it up again). A stream that gives back the last of what it
+    /// holds records its event, so that a stream destroyed after its last free leaves nothing
+    /// uncovered.
+    [[gnu::always_inline]] bool give_back(shard& sh, stream_type stream, std::uintptr_t key, std::uintptr_t address,
+                                          request r) noexcept {
         bool stored = false;
         {
             std::lock_guard lock(sh.mutex);
+            if (!sh.serves(key)) [[unlikely]] return false;
+            const bool last = sh.counts.live_bytes > 0 && sh.counts.live_bytes <= static_cast<std::int64_t>(r.bytes);
             stored = store_in(sh, stream, address, r);
-            if (stored && sh.stored(r.bytes)) [[unlikely]] cover(sh, stream);
-            sh.on_deallocated(r.bytes);
-            if (!stored || !r.small()) sh.uncount_blocks(r.size); // not in a class list
+            if (stored && (sh.stored(r.size, record_threshold()) || last)) [[unlikely]] cover(sh, stream);
+            sh.on_deallocated(r);
         }
         if (!stored) store_.lose(r.size);
+        return true;
+    }
+
+    /// The fast path's free: a block of size class `c` given back for `bytes` on the stream whose
+    /// key is `key`, kept in its class list when the shard still serves the stream and the list
+    /// has room without allocating. False (nothing changed) otherwise: then give_back.
+    [[nodiscard, gnu::always_inline]] bool give_back_class(shard& sh, stream_type stream, std::uintptr_t key,
+                                                           std::uintptr_t address, std::size_t c, std::size_t bytes) noexcept {
+        sh.mutex.lock(); // by hand: nothing in between throws, and a lock_guard is not always inlined
+        if (!sh.serves(key) || !sh.classes.push_within_capacity(c, address)) [[unlikely]] {
+            sh.mutex.unlock();
+            return false;
+        }
+        if (sh.on_pushed(class_size(c), bytes, record_threshold())) [[unlikely]] cover(sh, stream);
+        sh.mutex.unlock();
+        return true;
     }
 
     /// For a stream without a shard: waits for the stream, then the block is idle and goes to the
@@ -174,7 +260,7 @@ public:
     /// covered blocks). True when any moved.
     bool merge_classes(shard& sh, stream_type stream, std::size_t threshold) {
         std::lock_guard lock(sh.mutex);
-        if (sh.classes.bytes() < threshold) return false;
+        if (sh.class_bytes() < threshold) return false;
         const std::size_t count = sh.classes.count(which_blocks::all);
         if (count == 0) return false;
         // Sorted by address, blocks cut one after another from a span (a request's KV pages)
@@ -194,11 +280,44 @@ public:
         sh.merge_recent(sh.recent.size(), store_.chunks());
     }
 
+    /// A block for `r` from this stream's own cache consolidated, before the pool grows:
+    /// - for a small request, its size-class lists merged into its spans when they hold at least
+    ///   `class_threshold` bytes (memory cached for other sizes then serves this one, and the lists
+    ///   refill by that much between two merges), searched in its small spans only (its large spans
+    ///   hold the rests of its large blocks' chunks, which a long-lived small block would pin);
+    /// - for a large request, its recent large blocks merged into its spans;
+    /// - then the shared set's free blocks beside its spans of the request's kind joined to them:
+    ///   free space cut in two by the stream/shared boundary serves a request neither half can
+    ///   (shared blocks are idle, so any stream may keep them);
+    /// - when `either_kind` (the pool's initial size still holds everything), its spans of the other
+    ///   kind too.
+    /// 0 when none fits.
+    std::uintptr_t take_consolidated(shard& sh, stream_type stream, request r, std::size_t class_threshold, bool either_kind) {
+        if (r.small()) {
+            merge_classes(sh, stream, class_threshold);
+        } else {
+            std::lock_guard lock(sh.mutex);
+            merge_recent(sh, stream);
+        }
+        if (const std::uintptr_t a = take_span(sh, r.kind, r)) return a;
+        if (adopt_shared_neighbours(sh, r.kind)) {
+            if (const std::uintptr_t a = take_span(sh, r.kind, r)) return a;
+        }
+        if (!either_kind) return 0;
+        std::lock_guard lock(sh.mutex);
+        merge_recent(sh, stream);
+        return sh.take_span(other(r.kind), r.size, r.alignment);
+    }
+
+    /// A block for `r` from this stream's spans of `kind`; 0 when none fits.
+    std::uintptr_t take_span(shard& sh, block_kind kind, request r) {
+        std::lock_guard lock(sh.mutex);
+        return sh.take_span(kind, r.size, r.alignment);
+    }
+
+private:
     /// Moves the shared set's free blocks that touch the stream's own spans of `kind` into those
-    /// spans, where they coalesce: free space cut in two by the stream/shared boundary (a block's
-    /// chunk rest kept on the stream, the chunk's other end freed to the shared set) serves a
-    /// request neither half can. The shared blocks are idle, so any stream may keep them. True when
-    /// any moved.
+    /// spans, where they coalesce. True when any moved.
     bool adopt_shared_neighbours(shard& sh, block_kind kind) {
         std::vector<free_block> own;
         {
@@ -222,12 +341,14 @@ public:
                 } catch (const std::bad_alloc&) {
                     break;
                 }
+                sh.cached += taken[kept].size;
             }
         }
         for (std::size_t i = kept; i < taken.size(); ++i) store_.insert(taken[i]);
         return true;
     }
 
+public:
     /// The block of `t` (taken for the stream of `sh`; nullptr: a stream without a shard, whose
     /// `t` has no tail), its tail kept in the stream's large spans (in the shared set again when
     /// there is no host memory for it).
@@ -238,6 +359,7 @@ public:
                 std::lock_guard lock(sh->mutex);
                 try {
                     sh->spans[block_kind::large].insert(t.tail);
+                    sh->cached += t.tail.size;
                     in_spans = true;
                 } catch (const std::bad_alloc&) {
                 }
@@ -249,8 +371,8 @@ public:
 
     // ---- other streams' caches ----
 
-    /// Moves the blocks `which` means (covered or idle) of other streams whose event has completed
-    /// to the shared set. True when anything moved. Never waits.
+    /// Moves the blocks `which` means (covered, or idle: see class_lists) of other streams whose
+    /// event has completed to the shared set. True when anything moved. Never waits.
     bool drain_completed(const shard* self, which_blocks which) {
         bool moved = false;
         table_.for_each([&](shard& other) {
@@ -258,7 +380,7 @@ public:
             std::vector<free_block> blocks;
             {
                 std::lock_guard lock(other.mutex);
-                if (other.cached_bytes() == 0 || !other.event.ready()) return;
+                if (other.cached == 0 || !other.event.ready()) return;
                 blocks = other.take_blocks(which, record_interval_);
             }
             if (blocks.empty()) return;
@@ -269,18 +391,79 @@ public:
         return moved;
     }
 
-    /// Finds a covered block for `r` in another stream's cache, makes `stream` wait on that
-    /// stream's event (no host synchronization but for the default stream, see wait_for) and
-    /// takes the block; 0 when none fits.
-    std::uintptr_t take_with_dependency(stream_type stream, shard& self, request r, which_blocks which) {
-        std::uintptr_t address = 0;
+    /// Moves every covered block of other streams into this stream's cache behind a stream wait on
+    /// each one's event (no host synchronization but for the default stream, see wait_for), then
+    /// records this stream's event so that they are covered here too: other streams' free memory
+    /// becomes this stream's at once, whatever its sizes. True when any moved.
+    bool adopt_covered(stream_type stream, shard& self) {
+        std::vector<free_block> adopted;
         table_.for_each([&](shard& other) {
-            if (address != 0 || &other == &self) return;
-            std::lock_guard lock(other.mutex);
-            if (other.cached_bytes() != 0) address = take_covered(stream, other, r, which);
+            if (&other == &self) return;
+            std::vector<free_block> blocks;
+            {
+                std::lock_guard lock(other.mutex);
+                if (other.cached == 0 || other.cached == other.uncovered_bytes) return;
+                blocks = other.take_blocks(which_blocks::covered, record_interval_); // may throw: nothing taken
+                if (blocks.empty()) return;
+                try {
+                    wait_for(stream, other.event);
+                } catch (...) {
+                    for (const auto& b : blocks) store_.quarantine(b.size); // their work may still run
+                    throw;
+                }
+            }
+            activity_counters::count(activity_.dependency_waits);
+            try {
+                adopted.insert(adopted.end(), blocks.begin(), blocks.end());
+            } catch (const std::bad_alloc&) {
+                for (const auto& b : blocks) store_.lose(b.size);
+            }
         });
-        if (address != 0) activity_counters::count(activity_.dependency_waits);
-        return address;
+        if (adopted.empty()) return false;
+        std::size_t bytes = 0;
+        for (const auto& b : adopted) bytes += b.size;
+        std::lock_guard lock(self.mutex);
+        self.cached += bytes - store_.chunks().insert_runs(adopted, self.spans, [&](std::size_t size) { store_.lose(size); });
+        cover(self, stream); // the spans hold covered blocks only
+        return true;
+    }
+
+    /// When other streams' caches hold at least `need` covered bytes, waits on the host for the
+    /// event of the one holding the most (not at all when it has completed) and moves its covered
+    /// blocks to the shared set: the pool does not grow while another stream's finished work holds
+    /// the memory it needs (a host wait, counted, under the policies that make no stream wait).
+    /// Throws what the wait throws (the blocks are then quarantined). True when any moved.
+    bool release_largest(const shard* self, std::size_t need) {
+        shard* largest = nullptr;
+        std::size_t most = 0;
+        table_.for_each([&](shard& other) {
+            if (&other == self) return;
+            std::lock_guard lock(other.mutex);
+            const std::size_t covered = other.cached - std::min(other.cached, other.uncovered_bytes);
+            if (covered > most) {
+                most = covered;
+                largest = &other;
+            }
+        });
+        if (largest == nullptr || most < need) return false;
+        std::vector<free_block> blocks;
+        {
+            std::lock_guard lock(largest->mutex);
+            blocks = largest->take_blocks(which_blocks::covered, record_interval_);
+            if (blocks.empty()) return false;
+            if (!largest->event.ready()) {
+                try {
+                    largest->event.synchronize();
+                } catch (...) {
+                    for (const auto& b : blocks) store_.quarantine(b.size);
+                    throw;
+                }
+                activity_counters::count(activity_.host_waits);
+            }
+        }
+        store_.insert_runs(blocks);
+        activity_counters::count(activity_.opportunistic_reuses);
+        return true;
     }
 
     /// Moves every stream's cache to the shared set once its blocks are idle: a stream whose
@@ -294,7 +477,7 @@ public:
         table_.for_each([&](shard& sh) {
             if (taken.size() == taken.capacity()) return; // a shard created during the reclaim
             std::lock_guard lock(sh.mutex);
-            if (sh.cached_bytes() == 0) return;
+            if (sh.cached == 0) return;
             if (!sh.dirty(record_interval_)) {
                 sh.event.synchronize();
             } else {
@@ -316,6 +499,64 @@ public:
         for (auto& blocks : taken) store_.insert_runs(blocks);
     }
 
+    // ---- idle memory, for a pool that maps ----
+
+    /// Before the pool maps more for this stream: its own spans go to the shared set once idle (its
+    /// event, recorded now when some blocks are not covered, has completed), where growth joins
+    /// them to the granules it maps beside them and unmaps those it cannot use. Idle memory may go
+    /// to any stream: no work uses it.
+    void release_own_idle(stream_type stream, shard& self) {
+        if (store_.map_granule() == 0) return;
+        std::vector<free_block> blocks;
+        {
+            std::lock_guard lock(self.mutex);
+            if (self.spans[block_kind::small].empty() && self.spans[block_kind::large].empty() && self.recent.empty()) return;
+            if (self.dirty(record_interval_) || !self.recent.all_covered()) cover(self, stream);
+            if (!idle(self.event)) return;
+            self.merge_recent(self.recent.size(), store_.chunks());
+            blocks.reserve(self.spans[block_kind::small].count() + self.spans[block_kind::large].count()); // may throw
+            for (block_kind kind : block_kinds) {
+                self.spans[kind].drain([&](free_block b) {
+                    b.kind = kind;
+                    blocks.push_back(b);
+                    self.cached -= b.size;
+                });
+            }
+        }
+        store_.insert_runs(blocks);
+    }
+
+    /// Unmaps up to `want` bytes (rounded up to granules) of whole granules that other streams'
+    /// caches hold idle: the covered blocks of a stream whose event has completed. Unmapping is not
+    /// reuse: it gives memory no work uses back to the device, under every reuse policy. Returns the
+    /// bytes.
+    std::size_t unmap_idle(const shard* self, std::size_t want) {
+        const std::size_t unit = store_.map_granule();
+        if (want == 0 || unit == 0) return 0;
+        std::vector<address_run> runs;
+        std::size_t done = 0;
+        table_.for_each([&](shard& sh) {
+            if (done >= want || &sh == self) return;
+            std::lock_guard lock(sh.mutex);
+            if (sh.cached < unit || !idle(sh.event)) return;
+            sh.merge_recent(sh.recent.covered(), store_.chunks());
+            for (auto& set : sh.spans) {
+                if (done >= want) break;
+                try {
+                    runs.reserve(runs.size() + set.count()); // at most a run per block
+                } catch (const std::bad_alloc&) {
+                    return;
+                }
+                const std::size_t n = set.take_whole(unit, want - done, [](const free_block&) { return false; },
+                                                     [&](std::uintptr_t a, std::size_t bytes) { runs.push_back({a, bytes}); });
+                sh.cached -= n;
+                done += n;
+            }
+        });
+        store_.unmap_idle(runs);
+        return done;
+    }
+
     // ---- every stream ----
 
     /// Calls `f(shard&)` for every shard, in the order their streams were met.
@@ -323,16 +564,17 @@ public:
     void for_each(F&& f) const {
         table_.for_each(f);
     }
-    [[nodiscard]] std::size_t size() const noexcept { return table_.size(); }
+    /// The shards serving a stream now.
+    [[nodiscard]] std::size_t size() const { return table_.serving(); }
 
     /// Adds every shard's call counts to `c`, and its cache to `p` (each shard's lock taken briefly).
     void add_to(pool_statistics& p, counters& c) const {
         table_.for_each([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
-            c += sh.tally();
-            const std::size_t cached = sh.cached_bytes();
-            p.per_stream.push_back({sh.key, cached});
-            p.stream_cached_bytes += cached;
+            c += sh.counts;
+            if (sh.key.load(std::memory_order_relaxed) == shard::no_stream) return; // retired
+            p.per_stream.push_back({sh.key.load(std::memory_order_relaxed), sh.cached});
+            p.stream_cached_bytes += sh.cached;
             p.largest_free_block = std::max(p.largest_free_block, sh.largest());
         });
     }
@@ -352,7 +594,7 @@ private:
                 report_failure("stream_ordered_pool: recording a stream's event and synchronizing the stream failed");
             }
         }
-        sh.on_recorded(record_interval_, record_threshold());
+        sh.on_recorded(record_interval_);
     }
 
     /// Puts a block into its class list, or among the recent large blocks (its lock held). False
@@ -377,18 +619,13 @@ private:
         }
     }
 
-    /// A covered block of `other` (its lock held) for `r`, taken behind `other`'s event; 0 when
-    /// none fits. The wait comes first: a failed wait takes nothing.
-    std::uintptr_t take_covered(stream_type stream, shard& other, request r, which_blocks which) {
-        if (r.small() && other.classes.newest_covered(r.size_class, r.alignment, which) != 0) {
-            wait_for(stream, other.event);
-            other.uncount_blocks(r.size); // out of its class list
-            return other.classes.take_newest_covered(r.size_class, r.alignment, which);
+    /// Whether `e` has completed; false when it cannot be asked.
+    static bool idle(const typename platform_type::event& e) noexcept {
+        try {
+            return e.ready();
+        } catch (...) {
+            return false;
         }
-        if (!r.small() && other.recent_count(which) != 0) other.merge_recent(other.recent_count(which), store_.chunks());
-        if (!other.spans[r.kind].fits(r.size, r.alignment)) return 0;
-        wait_for(stream, other.event);
-        return other.take_span(r.kind, r.size, r.alignment);
     }
 
     /// Makes `stream` wait for `e`: a stream wait, or a host wait for the default stream, whose
@@ -404,8 +641,6 @@ private:
     /// The bytes given back since a stream's last record that make it record again:
     /// min(record_bytes, reserve / record_share), so that a stream that gives back another's
     /// blocks (a consumer) covers them before that stream (the producer) must grow the pool.
-    /// Taken at each record for the next (a division: not on every free); the reserve read then
-    /// is at most record_interval frees old.
     [[nodiscard]] std::size_t record_threshold() const noexcept {
         return record_share_ == 0 ? record_bytes_ : std::min(record_bytes_, store_.reserved() / record_share_);
     }
@@ -428,6 +663,9 @@ private:
     stream_table<shard> table_;
     shared_store<Upstream>& store_;
     activity_counters& activity_;
+    peak_counter& peak_;
+    mutable std::mutex sweep_mutex_; ///< serializes retire_idle; guards retired_
+    counters retired_;               ///< the counts of retired shards
 };
 
 } // namespace custody::pool::detail

@@ -1,5 +1,6 @@
 /// @file
-/// `stream_table`: the pool's shards by stream key, found without a lock on the common path.
+/// `stream_table`: the pool's shards by stream key, found without a lock on the common path, and
+/// given to a new stream once their own stream has gone quiet.
 #pragma once
 
 #include <atomic>
@@ -8,82 +9,121 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 namespace custody::pool::detail {
 
-/// What the table reads of a shard: its stream's key, at the start of the shard (a shard type
-/// derives from it).
-struct keyed {
-    /// The key no stream has: the key of the empty slots' placeholder.
-    static constexpr std::uintptr_t no_key = UINTPTR_MAX;
-    const std::uintptr_t key; ///< Platform::stream_key of the stream
-};
-
-/// Up to `capacity` shards (a `Shard` derives from `keyed`), each made once for a stream key and
-/// kept until the table ends: an open-addressing table probed without a lock, and the list of
-/// shards in the order their streams were met.
+/// Up to `capacity` shards, each serving one stream key at a time: an open-addressing table probed
+/// without a lock, and every shard made so far. A shard whose stream went quiet can be retired
+/// (its slot cleared) and later serve another key: shards are never destroyed before the table.
 ///
-/// Invariants:
-///   size_ <= capacity_; mask_ + 1 = bit_ceil(2 * capacity_) slots, so the table is at most half full
-///   list_[0, size_) are the shards made so far, each in exactly one table slot, found by probing
-///   linearly from slot_of(its key) = key & mask_; slots only fill (a shard is never removed)
-///   an empty slot points to the placeholder (key no_key), never to nothing: a lookup reads a
-///   slot and compares its key, with no test for an empty slot
-/// Thread safety: find and for_each are lock-free and write nothing (acquire loads of slots
-/// published with release stores); find_or_create serializes creation on a mutex. Ownership: owns
-/// its shards.
-/// Complexity: find is O(1) expected (the table is at most half full): on the common path one slot.
+/// Invariants (K(sh) = sh->key, a key no stream has for a retired shard):
+///   size_ <= capacity_; slots_ = bit_ceil(2 * capacity_), so the table is at most half full
+///   list_[0, size_) are the shards made so far; every one serving a stream is in exactly one slot,
+///   found by probing linearly from slot_of(K), and every retired one is in spare_
+///   a slot is a shard, empty (nullptr: probing stops) or a tombstone (a retired key: probing goes
+///   on); no tombstone is directly followed by an empty slot (those become empty themselves)
+/// Thread safety: find and for_each are lock-free (acquire loads of slots and keys published with
+/// release stores); find_or_create and retire serialize on a mutex. A thread that found a shard
+/// checks its key again under the shard's lock (retire changes it under that lock).
+/// Complexity: find is O(1) expected while few streams were retired; O(slots) at worst.
 template <class Shard>
 class stream_table {
 public:
     explicit stream_table(std::size_t capacity)
-        : capacity_(capacity), mask_(std::bit_ceil(capacity * 2) - 1),
-          table_(std::make_unique<std::atomic<const keyed*>[]>(mask_ + 1)),
-          list_(std::make_unique<std::atomic<Shard*>[]>(capacity)) {
-        for (std::size_t i = 0; i <= mask_; ++i) table_[i].store(&placeholder, std::memory_order_relaxed);
-    }
+        : capacity_(capacity), slots_(std::bit_ceil(capacity * 2)),
+          table_(std::make_unique<std::atomic<Shard*>[]>(slots_)),
+          list_(std::make_unique<std::atomic<Shard*>[]>(capacity)) {}
     stream_table(const stream_table&) = delete;
     stream_table& operator=(const stream_table&) = delete;
     ~stream_table() {
         for (std::size_t i = 0; i < size(); ++i) delete list_[i].load(std::memory_order_relaxed);
     }
 
-    /// The shard of `key` (!= keyed::no_key); nullptr when there is none yet. The first slot
-    /// probed holds it unless two keys met there (then out of line).
+    /// The shard of `key`; nullptr when there is none. The first slot probed holds it unless two
+    /// keys met there or a key was retired before it (then out of line). The caller checks the
+    /// key again under the shard's lock.
     [[nodiscard, gnu::always_inline]] Shard* find(std::uintptr_t key) const noexcept {
-        const keyed* k = table_[slot_of(key)].load(std::memory_order_acquire);
-        if (k->key == key) [[likely]] return static_cast<Shard*>(const_cast<keyed*>(k));
+        Shard* sh = table_[slot_of(key)].load(std::memory_order_acquire);
+        if (sh != nullptr && sh != tombstone() && sh->key.load(std::memory_order_acquire) == key) [[likely]] return sh;
         return find_probing(key);
     }
 
-    /// The shard of `key`, made by `make()` (returning a std::unique_ptr<Shard> whose key is `key`)
-    /// when there is none; nullptr when the table is full or `key` is keyed::no_key. What `make`
-    /// throws propagates, with the table unchanged.
+private:
+    /// find past its first slot: probes on until the key or an empty slot.
+    [[gnu::noinline]] Shard* find_probing(std::uintptr_t key) const noexcept {
+        for (std::size_t i = slot_of(key), probes = 0; probes < slots_; i = (i + 1) & (slots_ - 1), ++probes) {
+            Shard* sh = table_[i].load(std::memory_order_acquire);
+            if (sh == nullptr) return nullptr;
+            if (sh != tombstone() && sh->key.load(std::memory_order_acquire) == key) return sh;
+        }
+        return nullptr;
+    }
+
+public:
+    /// The shard of `key`, made by `make(reuse)` when there is none: `reuse` is a retired shard to
+    /// give `key` to, or nullptr for a new one; `make` returns the shard (owned by the table from
+    /// then on). nullptr when every shard serves a stream. What `make` throws propagates, with the
+    /// table unchanged.
     template <class Make>
     Shard* find_or_create(std::uintptr_t key, Make&& make) {
-        if (key == keyed::no_key) return nullptr;
         std::lock_guard lock(mutex_);
         std::size_t i = slot_of(key);
-        for (;; i = (i + 1) & mask_) {
-            const keyed* k = table_[i].load(std::memory_order_relaxed);
-            if (k == &placeholder) break;
-            if (k->key == key) return static_cast<Shard*>(const_cast<keyed*>(k));
+        std::size_t free_slot = slots_;
+        for (std::size_t probes = 0; probes < slots_; i = (i + 1) & (slots_ - 1), ++probes) {
+            Shard* sh = table_[i].load(std::memory_order_acquire);
+            if (sh == nullptr) break;
+            if (sh == tombstone()) {
+                if (free_slot == slots_) free_slot = i;
+            } else if (sh->key.load(std::memory_order_relaxed) == key) {
+                return sh;
+            }
         }
+        if (free_slot == slots_) free_slot = i;
         const std::size_t n = size_.load(std::memory_order_relaxed);
-        if (n == capacity_) return nullptr;
-        Shard* made = make().release();
-        list_[n].store(made, std::memory_order_release);
-        size_.store(n + 1, std::memory_order_release);
-        table_[i].store(made, std::memory_order_release);
+        Shard* reuse = spare_.empty() ? nullptr : spare_.back();
+        if (reuse == nullptr && n == capacity_) return nullptr;
+        Shard* made = make(reuse);
+        if (reuse != nullptr) {
+            spare_.pop_back();
+        } else {
+            list_[n].store(made, std::memory_order_release);
+            size_.store(n + 1, std::memory_order_release);
+        }
+        table_[free_slot].store(made, std::memory_order_release);
         return made;
     }
 
-    /// The shards made so far.
+    /// Takes `sh` (whose key the caller changed to no stream's under its lock; it served `key`) out of the table,
+    /// to serve another key later. Strong: a bad_alloc (the spare list) leaves it in.
+    void retire(Shard* sh, std::uintptr_t key) {
+        std::lock_guard lock(mutex_);
+        spare_.reserve(spare_.size() + 1);
+        for (std::size_t i = slot_of(key), probes = 0; probes < slots_; i = (i + 1) & (slots_ - 1), ++probes) {
+            if (table_[i].load(std::memory_order_relaxed) != sh) continue;
+            table_[i].store(tombstone(), std::memory_order_release);
+            // Tombstones right before an empty slot end no probe that could go further: empty them.
+            for (std::size_t j = i; table_[(j + 1) & (slots_ - 1)].load(std::memory_order_relaxed) == nullptr &&
+                                    table_[j].load(std::memory_order_relaxed) == tombstone();
+                 j = (j - 1) & (slots_ - 1)) {
+                table_[j].store(nullptr, std::memory_order_release);
+            }
+            spare_.push_back(sh);
+            return;
+        }
+    }
+
+    /// The shards made so far (those retired included).
     [[nodiscard]] std::size_t size() const noexcept { return size_.load(std::memory_order_acquire); }
     [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+    /// The shards that serve a stream now.
+    [[nodiscard]] std::size_t serving() const {
+        std::lock_guard lock(mutex_);
+        return size() - spare_.size();
+    }
 
-    /// Calls `f(Shard&)` for every shard, in the order they were made (those made meanwhile may
-    /// or may not be visited).
+    /// Calls `f(Shard&)` for every shard made so far, retired ones included (their key is no stream's), in
+    /// the order they were made (those made meanwhile may or may not be visited).
     template <class F>
     void for_each(F&& f) const {
         const std::size_t n = size();
@@ -91,30 +131,20 @@ public:
     }
 
 private:
-    static constexpr keyed placeholder{keyed::no_key};
-
-    /// The key's own low bits: stream keys are the platforms' stream ids (cudaStreamGetId, the host
-    /// streams' counter), handed out in sequence, so consecutive streams take consecutive slots
-    /// (keys that collide probe on). No hash: the lookup is on every call.
-    [[nodiscard]] std::size_t slot_of(std::uintptr_t key) const noexcept { return static_cast<std::size_t>(key) & mask_; }
-
-    /// find past its first slot: probes on until the key or an empty slot.
-    [[gnu::noinline]] Shard* find_probing(std::uintptr_t key) const noexcept {
-        if (key == keyed::no_key) return nullptr;
-        for (std::size_t i = slot_of(key), probes = 0; probes <= mask_; i = (i + 1) & mask_, ++probes) {
-            const keyed* k = table_[i].load(std::memory_order_acquire);
-            if (k == &placeholder) return nullptr;
-            if (k->key == key) return static_cast<Shard*>(const_cast<keyed*>(k));
-        }
-        return nullptr;
+    [[nodiscard]] std::size_t slot_of(std::uintptr_t key) const noexcept {
+        return static_cast<std::size_t>((static_cast<std::uint64_t>(key) * 0x9E3779B97F4A7C15ULL) >> 32) &
+               (slots_ - 1);
     }
+    /// A slot whose key was retired: probing goes on past it.
+    [[nodiscard]] static Shard* tombstone() noexcept { return reinterpret_cast<Shard*>(alignof(Shard)); }
 
     std::size_t capacity_;
-    std::size_t mask_; ///< slots - 1
-    std::unique_ptr<std::atomic<const keyed*>[]> table_; ///< by key, open addressing
-    std::unique_ptr<std::atomic<Shard*>[]> list_;        ///< list_[0, size_): in the order made
+    std::size_t slots_;
+    std::unique_ptr<std::atomic<Shard*>[]> table_; ///< by key, open addressing
+    std::unique_ptr<std::atomic<Shard*>[]> list_;  ///< list_[0, size_): in the order made
     std::atomic<std::size_t> size_{0};
-    std::mutex mutex_; ///< serializes creation
+    mutable std::mutex mutex_;  ///< serializes creation and retirement
+    std::vector<Shard*> spare_; ///< retired shards, guarded by mutex_
 };
 
 } // namespace custody::pool::detail

@@ -1,0 +1,368 @@
+// The pool over an upstream that maps memory (resource::virtual_memory over host::vmm, real pages on
+// the host): growth inside one address range, idle granules unmapped before new ones are mapped,
+// trim and the release threshold giving memory back (resident memory, not a counter), and the
+// bound with many streams.
+#include <custody/platform/host.hpp>
+#include <custody/platform/host_vmm.hpp>
+#include <custody/pool/stream_ordered_pool.hpp>
+#include <custody/resource/virtual_memory.hpp>
+
+#include "../support/catch.hpp"
+#include "support.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <vector>
+
+using namespace custody_pool_test;
+
+namespace {
+
+using mapped_memory = custody::resource::virtual_memory<custody::host::vmm>;
+using mapped_pool = stream_ordered_pool<mapped_memory>;
+constexpr std::size_t granule = 2 * MiB;
+
+/// Reservation options with the GPU's 2 MiB granule.
+custody::resource::reservation_options granules() {
+    custody::resource::reservation_options o;
+    o.granule = granule;
+    return o;
+}
+
+/// Options without checked mode (its bookkeeping is not what these tests measure).
+pool_options unchecked() {
+    pool_options o;
+    o.checked = false;
+    return o;
+}
+
+/// How many of the pages that lie wholly inside [p, p + n) are in memory (mincore): what the
+/// process really holds.
+std::size_t resident_pages(const void* p, std::size_t n) {
+    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::uintptr_t first = custody::align_up(reinterpret_cast<std::uintptr_t>(p), page);
+    const std::uintptr_t last = custody::align_down(reinterpret_cast<std::uintptr_t>(p) + n, page);
+    if (last <= first) return 0;
+    std::vector<unsigned char> in((last - first) / page);
+    REQUIRE(::mincore(reinterpret_cast<void*>(first), last - first, in.data()) == 0);
+    return static_cast<std::size_t>(std::count_if(in.begin(), in.end(), [](unsigned char c) { return (c & 1) != 0; }));
+}
+
+/// Whether a block of `live` overlaps the granule at `g`.
+bool touched(const std::map<std::uintptr_t, std::size_t>& live, std::uintptr_t g) {
+    for (const auto& [a, n] : live) {
+        if (a < g + granule && g < a + n) return true;
+    }
+    return false;
+}
+
+/// The bytes of the granules that blocks [address, address + bytes) touch.
+std::size_t granules_of(const std::map<std::uintptr_t, std::size_t>& blocks) {
+    std::set<std::uintptr_t> touched;
+    for (const auto& [a, n] : blocks) {
+        for (std::uintptr_t g = a / granule; g <= (a + n - 1) / granule; ++g) touched.insert(g);
+    }
+    return touched.size() * granule;
+}
+
+} // namespace
+
+static_assert(custody::stream_ordered_resource<mapped_pool>);
+static_assert(custody::pool::detail::mapping_upstream<mapped_memory>);
+
+TEST_CASE("over virtual memory the pool grows beside the free memory a block joins, across what were growths",
+          "[pool][mapped]") {
+    mapped_pool pool(unchecked(), 0, 1024 * MiB, granules());
+    custody::host::stream s;
+    // Two large blocks, each taken when the pool had nothing free: two growths.
+    void* a = pool.allocate(s, 3 * MiB, 256);
+    void* b = pool.allocate(s, 3 * MiB, 256);
+    CHECK(pool.statistics().reserved_bytes == 6 * MiB); // three granules: the second block joins the first's rest
+    const auto grown = pool.detailed_statistics().upstream_allocations;
+    CHECK(grown >= 1);
+    CHECK(pool.detailed_statistics().chunks == 0);
+    CHECK(pool.detailed_statistics().map_granule == granule);
+    // Freed, they are one free range: a block of both sizes together needs no new memory.
+    pool.deallocate(s, a, 3 * MiB, 256);
+    pool.deallocate(s, b, 3 * MiB, 256);
+    void* c = pool.allocate(s, 6 * MiB, 256);
+    CHECK(pool.statistics().reserved_bytes == 6 * MiB);
+    CHECK(pool.detailed_statistics().upstream_allocations == grown);
+    // A larger one maps only what is missing, beside them.
+    pool.deallocate(s, c, 6 * MiB, 256);
+    void* d = pool.allocate(s, 9 * MiB, 256);
+    CHECK(d == a);
+    CHECK(pool.statistics().reserved_bytes == 10 * MiB); // 9 MiB rounded to granules
+    pool.deallocate(s, d, 9 * MiB, 256);
+    check_accounting(pool);
+}
+
+TEST_CASE("trim unmaps every wholly free granule: the memory goes back, what is live stays mapped",
+          "[pool][mapped][trim]") {
+    mapped_pool pool(unchecked(), 0, 1024 * MiB, granules());
+    custody::host::stream s;
+    std::mt19937 rng(11);
+    std::map<std::uintptr_t, std::size_t> live;
+    std::vector<std::pair<void*, std::size_t>> all;
+    for (int i = 0; i < 64; ++i) {
+        const std::size_t n = rng() % 3 == 0 ? (1 + rng() % 6) * MiB + rng() % 4096 : 1 + rng() % (512 * KiB);
+        void* p = pool.allocate(s, n, 256);
+        std::memset(p, 0x5A, n); // real pages: the process holds them now
+        all.emplace_back(p, n);
+    }
+    // Give back every other block: many granules become wholly free, some stay shared with live ones.
+    std::vector<std::pair<void*, std::size_t>> freed;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+        if (i % 2 == 0) {
+            freed.push_back(all[i]);
+            pool.deallocate(s, all[i].first, all[i].second, 256);
+        } else {
+            live.emplace(reinterpret_cast<std::uintptr_t>(all[i].first), detail::block_size(all[i].second));
+        }
+    }
+    platform::synchronize(s);
+    // Before trim the freed blocks are still mapped and resident (the stream's cache keeps them).
+    std::size_t resident_before = 0;
+    for (auto [p, n] : freed) resident_before += resident_pages(p, n);
+    CHECK(resident_before > 0);
+    const std::size_t released = pool.trim();
+    CHECK(released > 0);
+    // Now only the granules that live blocks touch are mapped, and the others hold no page.
+    CHECK(pool.statistics().reserved_bytes == granules_of(live));
+    for (auto [p, n] : freed) {
+        const auto a = reinterpret_cast<std::uintptr_t>(p);
+        for (std::uintptr_t g = custody::align_up(a, granule); g + granule <= a + n; g += granule) {
+            if (!touched(live, g)) CHECK(resident_pages(reinterpret_cast<void*>(g), granule) == 0);
+        }
+    }
+    for (const auto& [a, n] : live) CHECK(*reinterpret_cast<const unsigned char*>(a) == 0x5A); // live data intact
+    for (std::size_t i = 1; i < all.size(); i += 2) pool.deallocate(s, all[i].first, all[i].second, 256);
+    pool.trim();
+    CHECK(pool.statistics().reserved_bytes == 0);
+    CHECK(pool.upstream().mapped_bytes() == 0);
+    check_accounting(pool);
+}
+
+TEST_CASE("before mapping, the pool unmaps idle free granules: it maps no more than its live blocks need",
+          "[pool][mapped]") {
+    // A layer-by-layer pattern: whole layers of large blocks taken and given back, each layer's
+    // sizes different from the last, so that free memory never fits the next layer as it is.
+    mapped_pool pool(unchecked(), 0, 4096 * MiB, granules());
+    custody::host::stream s;
+    std::size_t peak_live = 0;
+    std::size_t peak_need = 0;
+    for (int layer = 0; layer < 40; ++layer) {
+        std::map<std::uintptr_t, std::size_t> blocks;
+        std::vector<std::pair<void*, std::size_t>> taken;
+        std::size_t live = 0;
+        for (int i = 0; i < 4; ++i) {
+            const std::size_t n = (5 + (layer * 7 + i * 3) % 23) * MiB + 256 * static_cast<std::size_t>(layer);
+            void* p = pool.allocate(s, n, 256);
+            taken.emplace_back(p, n);
+            blocks.emplace(reinterpret_cast<std::uintptr_t>(p), detail::block_size(n));
+            live += n;
+        }
+        peak_live = std::max(peak_live, live);
+        peak_need = std::max(peak_need, granules_of(blocks));
+        for (auto [p, n] : taken) pool.deallocate(s, p, n, 256);
+    }
+    const auto st = pool.detailed_statistics();
+    INFO("peak mapped " << st.totals.peak_reserved_bytes << ", peak live " << peak_live << ", maps "
+                        << st.upstream_allocations << ", unmaps " << st.upstream_deallocations);
+    // What the blocks of one layer touch, at most (what any allocator that maps granules needs)...
+    CHECK(st.totals.peak_reserved_bytes <= peak_need + granule);
+    // ...which is the live peak plus a granule's rounding per block.
+    CHECK(st.totals.peak_reserved_bytes <= peak_live + 4 * granule);
+    CHECK(st.upstream_deallocations > 0);
+    check_accounting(pool);
+}
+
+TEST_CASE("the release threshold: wholly free granules beyond it go back as they return to the shared set",
+          "[pool][mapped][trim]") {
+    for (const std::size_t threshold : {std::size_t{0}, 8 * MiB, SIZE_MAX}) {
+        INFO("release threshold " << threshold);
+        pool_options o = unchecked();
+        o.release_threshold = threshold;
+        o.reuse = reuse_policy::opportunistic;
+        mapped_pool pool(o, 0, 1024 * MiB, granules());
+        custody::host::stream a;
+        custody::host::stream b;
+        std::vector<void*> blocks;
+        for (int i = 0; i < 16; ++i) blocks.push_back(pool.allocate(a, 2 * MiB, 256));
+        for (void* p : blocks) pool.deallocate(a, p, 2 * MiB, 256);
+        platform::synchronize(a);
+        // b's growth takes a's idle blocks into the shared set (opportunistic reuse)...
+        void* small = pool.allocate(b, 64 * MiB, 256);
+        // ...and what the threshold does not keep is unmapped.
+        const auto st = pool.detailed_statistics();
+        const std::size_t kept = st.totals.reserved_bytes - 64 * MiB - st.stream_cached_bytes;
+        if (threshold == 0) CHECK(kept == 0);
+        if (threshold == 8 * MiB) CHECK(kept <= 8 * MiB);
+        CHECK(st.totals.peak_reserved_bytes <= 64 * MiB + 32 * MiB); // never both a's blocks and b's new ones
+        pool.deallocate(b, small, 64 * MiB, 256);
+        check_accounting(pool);
+    }
+}
+
+TEST_CASE("ten streams taking turns hold no more than PyTorch's allocator on the ten-stream trace",
+          "[pool][mapped][streams]") {
+    // The shape of a model whose layers are streamed in: one compute stream with activations, and
+    // nine copy streams, each taking a layer's weights in turn and giving them back on its own
+    // stream when the layer has run (each stream frees what it allocated, as the trace does).
+    pool_options o = unchecked();
+    mapped_pool pool(o, 0, 16384 * MiB, granules());
+    std::vector<custody::host::stream> copies(9);
+    custody::host::stream compute;
+    std::size_t live = 0, peak_live = 0;
+    const auto take = [&](custody::host::stream_view s, std::size_t n) {
+        live += n;
+        peak_live = std::max(peak_live, live);
+        return pool.allocate(s, n, 256);
+    };
+    std::vector<std::pair<void*, std::size_t>> resident; // weights kept on the device
+    for (int i = 0; i < 8; ++i) resident.emplace_back(take(compute, (32 + i) * MiB), (32 + i) * MiB);
+    std::vector<std::pair<void*, std::size_t>> previous;
+    for (int layer = 0; layer < 96; ++layer) {
+        custody::host::stream& copy = copies[static_cast<std::size_t>(layer) % copies.size()];
+        std::vector<std::pair<void*, std::size_t>> weights;
+        for (int w = 0; w < 6; ++w) {
+            const std::size_t n = (w % 3 == 0 ? 44 : 11) * MiB + (w == 5 ? 16 * KiB : 0);
+            weights.emplace_back(take(copy, n), n);
+        }
+        std::vector<std::pair<void*, std::size_t>> activations;
+        for (int a = 0; a < 5; ++a) {
+            const std::size_t n = (layer % 2 == 0 ? 24 : 40) * MiB + static_cast<std::size_t>(a) * MiB;
+            activations.emplace_back(take(compute, n), n);
+        }
+        for (auto [p, n] : activations) {
+            pool.deallocate(compute, p, n, 256);
+            live -= n;
+        }
+        // The previous layer's weights go back on their own stream once this layer's have come in.
+        custody::host::stream& before = copies[static_cast<std::size_t>(layer + 8) % copies.size()];
+        for (auto [p, n] : previous) {
+            pool.deallocate(before, p, n, 256);
+            live -= n;
+        }
+        previous = std::move(weights);
+    }
+    const auto st = pool.detailed_statistics();
+    INFO("peak mapped " << st.totals.peak_reserved_bytes << ", peak live " << peak_live << ", host waits "
+                        << st.host_waits << ", stream waits " << st.dependency_waits);
+    CHECK(static_cast<double>(st.totals.peak_reserved_bytes) <= 1.083 * static_cast<double>(peak_live));
+    for (auto [p, n] : previous) pool.deallocate(copies[(96 + 8) % copies.size()], p, n, 256);
+    for (auto [p, n] : resident) pool.deallocate(compute, p, n, 256);
+    check_accounting(pool);
+}
+
+TEST_CASE("over virtual memory a seeded workload matches a reference model exactly, streams coming and going",
+          "[pool][mapped][model]") {
+    // 10^5 operations on up to six streams at once, each slot's stream destroyed and made anew now
+    // and then, with fewer shards than streams (max_streams 4): quiet streams' shards are retired and
+    // serve new ones. Blocks of a destroyed stream are given back on another. Exact accounting after
+    // every operation, no overlap, every block's cookie intact, and trim leaves mapped only what the
+    // live blocks touch.
+    for (unsigned seed : {5u, 6u, 7u}) {
+        INFO("seed " << seed);
+        pool_options o = unchecked();
+        o.max_streams = 4;
+        o.maximum_size = 96 * MiB;
+        o.release_threshold = seed == 6 ? 0 : SIZE_MAX;
+        o.reuse = static_cast<reuse_policy>(seed % 3);
+        mapped_pool pool(o, 0, 1024 * MiB, granules());
+        std::vector<std::optional<custody::host::stream>> streams(6);
+        struct block {
+            std::size_t bytes;
+            std::size_t alignment;
+            unsigned char cookie;
+            std::size_t slot;
+        };
+        std::map<std::uintptr_t, block> live;
+        std::size_t live_bytes = 0, peak = 0;
+        std::uint64_t allocations = 0, deallocations = 0, failures = 0;
+        std::mt19937_64 rng(seed);
+        const auto stream_at = [&](std::size_t slot) {
+            if (!streams[slot]) streams[slot].emplace();
+            return streams[slot]->view();
+        };
+        for (int op = 0; op < 100000; ++op) {
+            const unsigned dice = static_cast<unsigned>(rng() % 1000);
+            const std::size_t slot = rng() % streams.size();
+            if (dice < 540 || live.empty()) {
+                const unsigned kind = static_cast<unsigned>(rng() % 10);
+                const std::size_t n = kind < 6 ? 1 + rng() % 2048
+                                      : kind < 9 ? 1 + rng() % (512 * KiB)
+                                                 : MiB + rng() % (5 * MiB);
+                const std::size_t alignment = std::size_t{1} << (rng() % 13);
+                try {
+                    void* p = pool.allocate(stream_at(slot), n, alignment);
+                    REQUIRE(custody::is_aligned(p, alignment));
+                    const auto a = reinterpret_cast<std::uintptr_t>(p);
+                    const std::size_t span = detail::block_size(n);
+                    auto next = live.lower_bound(a);
+                    if (next != live.end()) REQUIRE(a + span <= next->first);
+                    if (next != live.begin()) {
+                        auto prev = std::prev(next);
+                        REQUIRE(prev->first + detail::block_size(prev->second.bytes) <= a);
+                    }
+                    const auto cookie = static_cast<unsigned char>(rng());
+                    std::memset(p, cookie, std::min<std::size_t>(n, 4096));
+                    live.emplace(a, block{n, alignment, cookie, slot});
+                    live_bytes += n;
+                    peak = std::max(peak, live_bytes);
+                    ++allocations;
+                } catch (const custody::out_of_memory&) {
+                    ++failures;
+                }
+            } else if (dice < 990) {
+                auto it = live.begin();
+                std::advance(it, static_cast<std::ptrdiff_t>(rng() % live.size()));
+                const auto* bytes = reinterpret_cast<const unsigned char*>(it->first);
+                bool intact = true;
+                for (std::size_t i = 0; i < std::min<std::size_t>(it->second.bytes, 4096); i += 61) {
+                    intact = intact && bytes[i] == it->second.cookie;
+                }
+                REQUIRE(intact);
+                // On its own stream when that one still lives (sometimes another), else on this slot's.
+                const std::size_t on = streams[it->second.slot] && rng() % 4 != 0 ? it->second.slot : slot;
+                pool.deallocate(stream_at(on), reinterpret_cast<void*>(it->first), it->second.bytes,
+                                it->second.alignment);
+                live_bytes -= it->second.bytes;
+                ++deallocations;
+                live.erase(it);
+            } else if (dice < 996) {
+                streams[slot].reset(); // destroyed: its blocks are given back on other streams later
+            } else {
+                pool.trim();
+            }
+            if (op % 2000 == 0) check_accounting(pool);
+            const auto s = pool.statistics();
+            REQUIRE(s.live_bytes == live_bytes);
+            REQUIRE(s.live_allocations == live.size());
+            REQUIRE(s.allocations == allocations);
+            REQUIRE(s.deallocations == deallocations);
+            REQUIRE(s.peak_live_bytes == peak);
+            REQUIRE(s.reserved_bytes <= o.maximum_size);
+        }
+        const auto p = pool.detailed_statistics();
+        CHECK(p.failures == failures);
+        CHECK(p.retired_streams > 0);
+        CHECK(p.streams <= 4);
+        check_accounting(pool);
+        std::map<std::uintptr_t, std::size_t> touched_blocks;
+        for (const auto& [a, b] : live) touched_blocks.emplace(a, detail::block_size(b.bytes));
+        pool.trim();
+        CHECK(pool.statistics().reserved_bytes == granules_of(touched_blocks));
+        for (const auto& [a, b] : live) pool.deallocate(stream_at(0), reinterpret_cast<void*>(a), b.bytes, b.alignment);
+        pool.trim();
+        CHECK(pool.statistics().reserved_bytes == 0);
+        CHECK(pool.upstream().mapped_bytes() == 0);
+    }
+}
