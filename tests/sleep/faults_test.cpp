@@ -140,7 +140,7 @@ TEST_CASE("sleepable_memory: a sleep that fails at any step leaves every owner a
                           throws<custody::out_of_memory>()});
         faults.push_back({"copy out " + std::to_string(k), [k] { platform_faults::copy_at = k; }, throws<platform_fault>()});
     }
-    faults.push_back({"the wait for the copies", [] { platform_faults::stream_synchronize = 1; }, throws<platform_fault>()});
+    faults.push_back({"the fence", [] { platform_faults::event_synchronize = 1; }, throws<platform_fault>()});
     for (const fault& f : faults) {
         INFO(f.name);
         const state before = state_of(sc.memory);
@@ -184,6 +184,29 @@ TEST_CASE("sleepable_memory: an unmap that fails in a sleep is reported and coun
         CHECK(sc.memory.detailed_statistics().mapped_bytes == 7 * sc.g);
         CHECK(custody::test::vmm_held() == held);
         sc.refill();
+    }
+}
+
+TEST_CASE("sleepable_memory: a copy out that cannot be waited for keeps its block mapped with its contents",
+          "[sleep][faults]") {
+    all_faults_reset reset;
+    for (int k = 1; k <= 2; ++k) { // the copy of the first, then of the second offloaded block
+        INFO("copy " << k);
+        scene sc;
+        custody::test::failure_log log;
+        platform_faults::event_wait_at = 1 + k; // the waits: the fence's, then each copy's in order
+        sc.sleep();
+        all_faults_reset::reset();
+        CHECK(log.lines().size() == 1);
+        CHECK(sc.memory.is_asleep("weights"));
+        const auto d = sc.memory.detailed_statistics();
+        // The kept block is one of the offloaded ones: its span stays mapped, and its host memory went back.
+        CHECK((d.stuck_bytes == sc.g || d.stuck_bytes == 3 * sc.g));
+        CHECK(d.offloaded_bytes == 4 * sc.g - d.stuck_bytes);
+        sc.wake();
+        sc.check_contents(true);
+        CHECK(sc.memory.detailed_statistics().stuck_bytes == 0);
+        CHECK(sc.memory.detailed_statistics().offloaded_bytes == 0);
     }
 }
 

@@ -174,7 +174,7 @@ private:
             switch (offloaded_blocks == 0 ? 2 : pick(0, 2)) {
             case 0: memory_.backing().fail_at(static_cast<std::uint64_t>(pick(1, offloaded_blocks))); break;
             case 1: platform_faults::copy_at = pick(1, offloaded_blocks); break;
-            default: platform_faults::stream_synchronize = 1; break;
+            default: platform_faults::event_synchronize = 1; break; // the fence's wait
             }
             CHECK_THROWS(memory_.sleep(request));
             disarm();

@@ -41,6 +41,8 @@ struct platform_faults {
     /// The n-th memcpy_async (memset_async) from now fails (0: none); counted down by every call.
     static inline std::atomic<int> copy_at{0};
     static inline std::atomic<int> fill_at{0};
+    /// The n-th faulty_event::synchronize from now fails (0: none); counted down by every call.
+    static inline std::atomic<int> event_wait_at{0};
     static inline std::atomic<bool> exiting{false};
 
     static void reset() noexcept {
@@ -49,6 +51,7 @@ struct platform_faults {
         stream_synchronize = 0;
         copy_at = 0;
         fill_at = 0;
+        event_wait_at = 0;
         exiting = false;
     }
     /// Takes one failure from `count` if any is left; then throws.
@@ -108,6 +111,7 @@ public:
     [[nodiscard]] bool ready() const noexcept { return event_.ready(); }
     void synchronize() const {
         platform_faults::fail_if_armed(platform_faults::event_synchronize, "faulty event: synchronize failed");
+        platform_faults::fail_at_call(platform_faults::event_wait_at, "faulty event: synchronize failed");
         event_.synchronize();
     }
     [[nodiscard]] const host::event& host_event() const noexcept { return event_; }

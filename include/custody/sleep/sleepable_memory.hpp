@@ -66,12 +66,13 @@ namespace custody::sleep {
 /// Sleep. sleep({{"weights", offload}, {"kv_cache", discard}}) orders the resource's own stream
 /// after the work enqueued so far on every stream those owners' blocks were allocated or recorded
 /// on (one event each, no host-wide synchronization), copies the offloaded owners' contents to
-/// host memory from `Backing` (straight, or through the staging ring when `Ring` is given), waits
-/// for that stream, and unmaps every block: the physical memory is the device's again
-/// (cudaMemGetInfo shows it; on the host platform the process's resident memory drops). The
-/// address ranges stay reserved. Wake maps every block again at the same address with the same
-/// access (the device and its peers), copies offloaded contents back byte for byte and fills
-/// discarded blocks with zeros, and returns when they are in place.
+/// host memory from `Backing` (straight, or through the staging ring when `Ring` is given), and
+/// unmaps every block: the discarded ones once that work is done, each offloaded one once its copy
+/// is, while the next copies run. The physical memory is the device's again (cudaMemGetInfo shows
+/// it; on the host platform the process's resident memory drops); the address ranges stay
+/// reserved. Wake maps every block again at the same address with the same access (the device and
+/// its peers), each while the copies of the blocks before it run, copies offloaded contents back
+/// byte for byte and fills discarded blocks with zeros, and returns when they are in place.
 ///
 /// Rules: allocating for a sleeping owner, and sleeping an owner that sleeps, are
 /// sleep_error(owner_asleep); waking an owner that does not sleep is sleep_error(owner_awake);
@@ -87,10 +88,12 @@ namespace custody::sleep {
 /// Failures. sleep and wake either complete or throw with the owners as they were (strong
 /// guarantee): host memory taken for offload is given back, blocks a failed wake mapped are
 /// unmapped; out of device or host memory is custody::out_of_memory, a driver failure its error.
-/// Two exceptions, reported through the failure callback and counted in sleep_statistics
-/// (stuck_bytes): a block that would not unmap stays mapped (a sleep still completes; its contents
-/// are restored or zeroed at the wake), and when the wait for a failed wake's copies fails too,
-/// the blocks they may still be writing stay mapped rather than be unmapped under them.
+/// Once the fence has passed, a sleep completes; three cases are reported through the failure
+/// callback and counted in sleep_statistics (stuck_bytes) instead: a block that would not unmap
+/// stays mapped (restored or zeroed at the wake); a block whose copy out cannot be waited for stays
+/// mapped with its contents (kept as they are at the wake); and when the wait for a failed wake's
+/// copies fails too, the blocks they may still be writing stay mapped rather than be unmapped under
+/// them.
 ///
 /// Stream semantics: allocate maps before it returns (usable on any stream); deallocate on a
 /// stream waits for that stream and the block's recorded ones, then unmaps. sleep and wake block
@@ -207,11 +210,13 @@ public:
     /// are then as they were.
     void sleep(std::span<const owner_sleep> owners, std::span<const stream_type> after = {}) {
         basic_capture_mode_guard<platform_type> relaxed(capture_mode::relaxed);
+        basic_device_guard<platform_type> on_device(device_); // the resource's stream is the device's
         std::lock_guard lock(mutex_);
         sleep_plan plan = detail::plan_sleep<platform_type>(ledger_, owners, after);
         std::vector<std::byte*> backups = detail::take_backups(backing_, plan.blocks, plan.policies, backup_alignment);
         try {
             save_contents(plan, backups);
+            plan.marks.front().synchronize(); // the fence: nothing on the blocks' streams uses them now
         } catch (...) {
             abandon_copies(plan, backups);
             throw;
@@ -237,15 +242,15 @@ public:
     /// left mapped and their offloaded contents are kept.
     void wake(std::span<const std::string_view> owners) {
         basic_capture_mode_guard<platform_type> relaxed(capture_mode::relaxed);
+        basic_device_guard<platform_type> on_device(device_);
         std::lock_guard lock(mutex_);
         wake_plan plan = detail::plan_wake(ledger_, owners);
-        const std::size_t before = mapped_bytes_of(plan.blocks);
+        const std::size_t before = detail::mapped_bytes_of(plan.blocks);
         try {
-            map_again(plan);
-            restore_contents(plan);
+            map_and_restore(plan);
         } catch (...) {
             undo_wake(plan);
-            ledger_.remapped(before, mapped_bytes_of(plan.blocks));
+            ledger_.remapped(before, detail::mapped_bytes_of(plan.blocks));
             throw;
         }
         finish_wake(plan, before);
@@ -262,10 +267,7 @@ public:
         if (peer == device_ || std::find(peers_.begin(), peers_.end(), peer) != peers_.end()) return;
         if (!Vmm::supported(peer)) throw std::invalid_argument("custody: peer device " + std::to_string(peer) + " does not exist");
         peers_.reserve(peers_.size() + 1);
-        ledger_.for_each([&](block_type& b) {
-            const std::vector<int>& granted = b.range->access();
-            if (std::find(granted.begin(), granted.end(), peer) == granted.end()) b.range->grant_access(peer);
-        });
+        ledger_.for_each([&](block_type& b) { b.range->grant_access(peer); });
         peers_.push_back(peer);
     }
 
@@ -339,14 +341,7 @@ private:
         std::vector<stream_type> streams;
         const bool listed = run_exit_tolerant<platform_type>("sleepable_memory: listing a freed block's streams", [&] {
             std::lock_guard lock(mutex_);
-            const block_type* b = ledger_.find(ptr);
-            if (b == nullptr) return;
-            if (ledger_.asleep(b->owner)) {
-                streams.push_back(stream_);
-                return;
-            }
-            streams.push_back(stream);
-            for (std::size_t i = 1; i < b->uses.size(); ++i) streams.push_back(b->uses[i].stream);
+            streams = ledger_.streams_before_free(ptr, stream, stream_);
         });
         if (!listed) return false;
         return run_exit_tolerant<platform_type>("sleepable_memory: waiting for the streams of a freed block", [&] {
@@ -370,55 +365,71 @@ private:
             return; // b's range frees its address space
         }
         ledger_.remapped(before, b.range->mapped_bytes());
-        ledger_.withheld(b.range->mapped_bytes());
-        try {
-            withheld_.push_back(std::move(b.range)); // given back at destruction
-        } catch (...) { // no room to keep it: its destructor tries again, keeping what will not unmap
-        }
+        ledger_.withhold(std::move(b.range));
     }
 
     // ---- sleep, a ladder of named steps ----
 
-    /// The resource's stream after every stream of the plan, then the offloaded contents copied
-    /// out on it; returns when that stream is done, so nothing uses the blocks any more.
+    /// The resource's stream after every stream of the plan (marks[0], the fence, recorded there),
+    /// then each offloaded block's contents copied out on it, each followed by a mark of its own.
     void save_contents(sleep_plan& plan, const std::vector<std::byte*>& backups) {
         plan.fence.order_before(stream_);
+        mark(plan);
         for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
             const block_type& b = *plan.blocks[i];
-            if (backups[i] != nullptr) copies_.save(b.base(), backups[i], b.bytes, stream_);
+            if (backups[i] == nullptr) continue;
+            copies_.save(b.base(), backups[i], b.bytes, stream_);
+            mark(plan);
         }
-        platform_type::synchronize(stream_);
+    }
+    void mark(sleep_plan& plan) {
+        plan.marks.emplace_back(device_);
+        plan.marks.back().record(stream_);
     }
 
-    /// After a failed sleep, copies out may still be running on the resource's stream: its host
+    /// After a failed sleep, copies out may still be running on the resource's stream: their host
     /// memory is given back in that stream's order, and the stream becomes a use of each block of
     /// the plan, so that freeing one waits for them too (room was reserved by plan_sleep).
     void abandon_copies(const sleep_plan& plan, const std::vector<std::byte*>& backups) noexcept {
+        for (std::size_t i = 0; i < backups.size(); ++i) abandon_copy(*plan.blocks[i], backups[i]);
+    }
+    void abandon_copy(block_type& b, std::byte* backup) noexcept {
         const stream_use own{stream_, device_};
-        for (std::size_t i = 0; i < backups.size(); ++i) {
-            std::vector<stream_use>& uses = plan.blocks[i]->uses;
-            if (std::find(uses.begin(), uses.end(), own) == uses.end()) uses.push_back(own);
-            if (backups[i] != nullptr) backing_.deallocate(stream_, backups[i], plan.blocks[i]->bytes, backup_alignment);
-        }
+        if (std::find(b.uses.begin(), b.uses.end(), own) == b.uses.end()) b.uses.push_back(own);
+        if (backup != nullptr) backing_.deallocate(stream_, backup, b.bytes, backup_alignment);
     }
 
-    /// Unmaps every block of the plan and makes its owners asleep. A block that will not unmap
-    /// stays mapped (stuck, reported by the platform).
+    /// Unmaps the blocks and makes the owners asleep: discarded blocks at once (the fence has
+    /// passed), each offloaded one as soon as its copy is done, while the later copies still run.
+    /// A block whose copy cannot be waited for (reported) stays mapped with its contents, and its
+    /// host memory goes back in the stream's order: its wake keeps what it holds. A block that will
+    /// not unmap stays mapped (stuck, reported by the platform).
     void release_memory(sleep_plan& plan, const std::vector<std::byte*>& backups) noexcept {
-        std::size_t before = 0;
-        std::size_t after = 0;
-        for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+        const std::size_t before = detail::mapped_bytes_of(plan.blocks);
+        const auto release = [&](std::size_t i) {
             block_type& b = *plan.blocks[i];
             const std::size_t held = b.range->mapped_bytes();
             static_cast<void>(b.range->unmap());
-            before += held;
-            after += b.range->mapped_bytes();
-            if (backups[i] != nullptr) ledger_.attach_backup(b, backups[i]);
             for (std::size_t k = 0; k < plan.owners.size(); ++k) {
                 if (plan.owners[k].first == b.owner) plan.released[k] += held - b.range->mapped_bytes();
             }
+        };
+        for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+            if (backups[i] == nullptr) release(i);
         }
-        ledger_.remapped(before, after);
+        std::size_t next_mark = 1;
+        for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+            if (backups[i] == nullptr) continue;
+            const typename platform_type::event& copied = plan.marks[next_mark++];
+            if (run_exit_tolerant<platform_type>("sleepable_memory: waiting for a block's copy out",
+                                                 [&] { copied.synchronize(); })) {
+                release(i);
+                ledger_.attach_backup(*plan.blocks[i], backups[i]);
+            } else {
+                abandon_copy(*plan.blocks[i], backups[i]);
+            }
+        }
+        ledger_.remapped(before, detail::mapped_bytes_of(plan.blocks));
         for (std::size_t k = 0; k < plan.owners.size(); ++k) {
             ledger_.fell_asleep(*ledger_.find_owner(plan.owners[k].first), plan.owners[k].second, plan.released[k]);
         }
@@ -426,40 +437,36 @@ private:
 
     // ---- wake, a ladder of named steps ----
 
-    [[nodiscard]] static std::size_t mapped_bytes_of(const std::vector<block_type*>& blocks) noexcept {
-        std::size_t n = 0;
-        for (const block_type* b : blocks) n += b->range->mapped_bytes();
-        return n;
-    }
-
-    /// Maps every block of the plan that is not mapped (a stuck one is), at the same address with
-    /// the same access; out_of_memory when the device has too little (what was mapped stays noted
-    /// in plan.mapped for the undo).
-    void map_again(wake_plan& plan) {
+    /// Maps each block of the plan that is not mapped (a stuck one is) at the same address with
+    /// the same access, and enqueues its contents on the resource's stream, so that the next block
+    /// maps while the copies run; returns when they are all in place. out_of_memory when the device
+    /// has too little (what was mapped stays noted in plan.mapped for the undo).
+    void map_and_restore(wake_plan& plan) {
         for (block_type* b : plan.blocks) {
-            if (b->range->is_mapped()) continue;
-            if (b->range->map()) {
+            if (!b->range->is_mapped()) {
+                if (!b->range->map()) throw_no_memory_to_wake(plan);
                 plan.mapped.push_back(b);
-            } else {
-                std::size_t spans = 0;
-                for (const block_type* x : plan.blocks) spans += x->span();
-                throw out_of_memory(spans, granule_, device_, ledger_.statistics(), name,
-                                    "the device has no physical memory to wake " + std::to_string(spans) + " bytes");
             }
-        }
-    }
-
-    /// Offloaded contents copied back and discarded ones zeroed on the resource's stream; returns
-    /// when they are in place.
-    void restore_contents(const wake_plan& plan) {
-        for (block_type* b : plan.blocks) {
-            if (b->backup != nullptr) {
-                copies_.restore(b->backup, b->base(), b->bytes, stream_);
-            } else {
-                platform_type::memset_async(b->base(), 0, b->bytes, stream_);
-            }
+            restore(*b);
         }
         platform_type::synchronize(stream_);
+    }
+
+    /// Offloaded contents copied back, discarded ones zeroed; an offloaded block that kept its
+    /// contents in place (its copy out could not be waited for) needs nothing.
+    void restore(block_type& b) {
+        if (b.backup != nullptr) {
+            copies_.restore(b.backup, b.base(), b.bytes, stream_);
+        } else if (ledger_.find_owner(b.owner)->policy == sleep_policy::discard) {
+            platform_type::memset_async(b.base(), 0, b.bytes, stream_);
+        }
+    }
+
+    [[noreturn]] void throw_no_memory_to_wake(const wake_plan& plan) const {
+        std::size_t spans = 0;
+        for (const block_type* b : plan.blocks) spans += b->span();
+        throw out_of_memory(spans, granule_, device_, ledger_.statistics(), name,
+                            "the device has no physical memory to wake " + std::to_string(spans) + " bytes");
     }
 
     /// Unmaps what a failed wake mapped, once nothing enqueued by it can still write there; if that
@@ -476,7 +483,7 @@ private:
         for (block_type* b : plan.blocks) {
             if (std::byte* backup = ledger_.detach_backup(*b)) backing_.deallocate_sync(backup, b->bytes, backup_alignment);
         }
-        ledger_.remapped(before, mapped_bytes_of(plan.blocks));
+        ledger_.remapped(before, detail::mapped_bytes_of(plan.blocks));
         for (const debug::owner_id id : plan.owners) ledger_.woke(*ledger_.find_owner(id));
     }
 
@@ -487,8 +494,7 @@ private:
     [[no_unique_address]] copies_type copies_;
     typename platform_type::stream stream_; ///< the copies of sleeps and wakes; only they enqueue on it
     mutable std::mutex mutex_;
-    detail::block_ledger<range_type, stream_type> ledger_;    ///< guarded by mutex_
-    std::vector<std::unique_ptr<range_type>> withheld_;       ///< guarded by mutex_: freed blocks' ranges that would not unmap
+    detail::block_ledger<range_type, stream_type> ledger_; ///< guarded by mutex_
 };
 
 } // namespace custody::sleep

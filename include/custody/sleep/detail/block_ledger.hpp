@@ -41,8 +41,10 @@ struct stream_use {
 /// Invariants: 0 < bytes <= span() (bytes rounded up to whole granules);
 ///   uses distinct, uses[0] the stream it was allocated on, then the streams recorded for it;
 ///   owner awake  => range mapped, backup == nullptr;
-///   owner asleep => backup != nullptr iff the owner sleeps under sleep_policy::offload (backup
-///                   holds `bytes` of contents); a range still mapped is stuck (its unmap failed).
+///   owner asleep => backup != nullptr only if the owner sleeps under sleep_policy::offload
+///                   (backup holds `bytes` of contents); a range still mapped is stuck (its unmap
+///                   failed; or, offloaded without a backup, its contents are kept in place);
+///                   offloaded, not mapped => backup != nullptr.
 template <class Range, class Stream>
 struct block {
     std::unique_ptr<Range> range;
@@ -54,6 +56,14 @@ struct block {
     [[nodiscard]] std::size_t span() const noexcept { return range->span(); }
     [[nodiscard]] std::byte* base() const noexcept { return static_cast<std::byte*>(range->base()); }
 };
+
+/// Physical memory the blocks hold now.
+template <class Block>
+[[nodiscard]] std::size_t mapped_bytes_of(const std::vector<Block*>& blocks) noexcept {
+    std::size_t n = 0;
+    for (const Block* b : blocks) n += b->range->mapped_bytes();
+    return n;
+}
 
 /// An owner's sleep state and its share of the blocks.
 /// Invariants: blocks = #{b : b.owner = o}; bytes = sum of their bytes; span_bytes = sum of their spans.
@@ -71,6 +81,7 @@ struct owner_state {
 /// Invariants:
 ///   live_bytes_ = sum of b.bytes;  blocks_.size() = live allocations
 ///   mapped_bytes_ = sum of b.range->mapped_bytes() + withheld_bytes_
+///   withheld_bytes_ = sum of mapped bytes of withheld_ (at the time each was withheld)
 ///   offloaded_bytes_ = sum of b.bytes over blocks with a backup
 ///   stats_.sleeping_owners = #{o : o.asleep}
 /// Complexity: add, find and take O(log n) in the n live blocks; blocks_of O(n).
@@ -176,8 +187,30 @@ public:
         --sleeping_owners_;
         ++wakes_;
     }
-    /// A freed block's granules that would not unmap: kept mapped, never reused.
-    void withheld(std::size_t bytes) noexcept { withheld_bytes_ += bytes; }
+    /// A freed block's range that would not unmap: kept mapped, never reused, given back (tried
+    /// again) when the ledger goes. With no room to keep it, its destructor tries at once.
+    void withhold(std::unique_ptr<Range> range) noexcept {
+        const std::size_t bytes = range->mapped_bytes();
+        try {
+            withheld_.push_back(std::move(range));
+            withheld_bytes_ += bytes;
+        } catch (...) {
+        }
+    }
+
+    /// The streams to wait for before the block at `ptr` is freed on `stream`: that one and those
+    /// recorded for the block (not the one it was allocated on: the free's stream is ordered after
+    /// it by the contract), or only `own` (the resource's stream) for a sleeping block, whose sleep
+    /// waited for the others. Empty for a pointer that is not a live block's start.
+    [[nodiscard]] std::vector<Stream> streams_before_free(const void* ptr, Stream stream, Stream own) const {
+        const auto it = blocks_.find(reinterpret_cast<std::uintptr_t>(ptr));
+        if (it == blocks_.end()) return {};
+        const block_type& b = it->second;
+        if (asleep(b.owner)) return {own};
+        std::vector<Stream> streams{stream};
+        for (std::size_t i = 1; i < b.uses.size(); ++i) streams.push_back(b.uses[i].stream);
+        return streams;
+    }
 
     // ---- statistics ----
 
@@ -228,6 +261,7 @@ public:
 
 private:
     std::map<std::uintptr_t, block_type> blocks_;     ///< base address -> block
+    std::vector<std::unique_ptr<Range>> withheld_;     ///< freed ranges that would not unmap
     std::unordered_map<owner_id, owner_state> owners_; ///< never erased: an owner's state outlives its blocks
     std::size_t live_bytes_ = 0;
     std::size_t peak_live_bytes_ = 0;

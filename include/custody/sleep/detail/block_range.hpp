@@ -131,8 +131,10 @@ public:
     }
 
     /// Lets `peer` (a device that exists) read and write the memory, now if it is mapped and at
-    /// every later map. Throws the platform's error (nothing recorded) or std::bad_alloc.
+    /// every later map (nothing to do if it may already). Throws the platform's error (nothing
+    /// recorded) or std::bad_alloc.
     void grant_access(int peer) {
+        if (std::find(access_.begin(), access_.end(), peer) != access_.end()) return;
         std::vector<int> access = access_;
         access.push_back(peer);
         if (memory_) Vmm::set_access(base_, span_, std::span<const int>(access));

@@ -32,6 +32,9 @@ struct sleep_plan {
     std::vector<sleep_policy> policies; ///< policies[i]: blocks[i]'s owner's
     std::vector<std::size_t> released;  ///< released[k]: bytes owners[k] gave back (filled by the commit)
     stream_fence<Platform> fence;
+    /// Recorded on the resource's stream: marks[0] after the fence, marks[1 + j] after the copy out
+    /// of the j-th offloaded block.
+    std::vector<typename Platform::event> marks;
 };
 
 /// The blocks of a wake, and those of them it has mapped so far (to undo if it fails).
