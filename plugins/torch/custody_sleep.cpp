@@ -2,11 +2,15 @@
 // custody::sleep::sleepable_memory per device. Built into both libraries: over CUDA devices
 // (CUSTODY_TORCH_CUDA: cuda::vmm, offload to pinned memory) and over the host platform's virtual
 // devices (host::vmm, offload to host memory), so that the C interface is tested without a GPU.
+// The host memory of the offload comes from a pool over it, kept from one sleep to the next
+// (pinning fresh memory at each sleep would cost more than the copy: docs/sleep.md) until
+// custody_sleep_release_host gives it back.
 #include "custody_sleep.h"
 
 #include <custody/core/error.hpp>
 #include <custody/debug/owner_scope.hpp>
 #include <custody/interop/pluggable_allocator.hpp>
+#include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/sleep/sleepable_memory.hpp>
 
 #include <cstddef>
@@ -31,10 +35,12 @@ namespace {
 
 #if defined(CUSTODY_TORCH_CUDA)
 using platform = custody::cuda::platform;
-using memory_type = custody::sleep::sleepable_memory<custody::cuda::vmm, custody::resource::pinned_host>;
+using memory_type = custody::sleep::sleepable_memory<custody::cuda::vmm,
+                                                     custody::pool::stream_ordered_pool<custody::resource::pinned_host>>;
 #else
 using platform = custody::host::platform;
-using memory_type = custody::sleep::sleepable_memory<custody::host::vmm, custody::resource::host_memory>;
+using memory_type = custody::sleep::sleepable_memory<custody::host::vmm,
+                                                     custody::pool::stream_ordered_pool<custody::resource::host_memory>>;
 #endif
 using allocator_type = custody::interop::pluggable_allocator<memory_type>;
 
@@ -168,6 +174,22 @@ CUSTODY_EXPORT int custody_sleep_owner_stats_of(int device, const char* owner, c
         *out = custody_sleep_owner_stats{m.blocks, m.bytes, m.mapped_bytes, m.offloaded_bytes, m.asleep ? 1 : 0,
                                          m.policy == custody::sleep::sleep_policy::offload ? 1 : 0};
     });
+}
+
+CUSTODY_EXPORT size_t custody_sleep_release_host(int device) {
+    std::size_t released = 0;
+    const int first = device == -1 ? 0 : device;
+    const int last = device == -1 ? sleeper().device_count() : device + 1;
+    for (int d = first; d < last; ++d) {
+        memory_type* memory = sleeper().find(d);
+        if (memory == nullptr) continue;
+        try {
+            released += memory->backing().trim();
+        } catch (const std::exception& e) {
+            allocator_type::set_last_error(e.what());
+        }
+    }
+    return released;
 }
 
 CUSTODY_EXPORT const char* custody_sleep_last_error(void) { return allocator_type::last_error(); }

@@ -2,7 +2,8 @@
  * owners (each block in an address range of its own), whose physical memory an owner gives back to
  * the device while it sleeps and takes again, at the same addresses, when it wakes (see
  * docs/sleep.md). One custody::sleep::sleepable_memory per device: cuda::vmm and pinned host memory
- * in the CUDA build, the host platform's virtual memory in the host build.
+ * in the CUDA build, the host platform's virtual memory in the host build; the host memory that
+ * holds offloaded contents is kept from one sleep to the next (custody_sleep_release_host).
  *
  *   torch.cuda.memory.CUDAPluggableAllocator(path, "custody_sleep_malloc", "custody_sleep_free")
  *
@@ -82,6 +83,10 @@ int custody_wake(int device, const char* const* owners, int count);
 /* Fills *out (zeros for a device not used yet). 0, or -1 for a bad device. */
 int custody_sleep_stats_of(int device, custody_sleep_stats* out);
 int custody_sleep_owner_stats_of(int device, const char* owner, custody_sleep_owner_stats* out);
+
+/* Gives back the host memory kept for offloads (pinned in the CUDA build) that no sleeping owner
+ * holds, on device (-1: every device). Returns the bytes given back. */
+size_t custody_sleep_release_host(int device);
 
 /* Why this thread's last failed sleep call failed ("" if it did not). */
 const char* custody_sleep_last_error(void);

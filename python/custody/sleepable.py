@@ -12,7 +12,7 @@ import ctypes
 from ._library import CustodyError, OutOfMemoryError, library
 
 __all__ = ["SleepError", "OwnerAsleepError", "OwnerAwakeError", "CaptureOpenError", "alloc", "free", "sleep", "wake",
-           "is_asleep", "stats", "owner_stats"]
+           "is_asleep", "stats", "owner_stats", "release_host_memory"]
 
 
 class SleepError(CustodyError):
@@ -62,6 +62,7 @@ def _bound(lib):
             "custody_wake": (c_int, [c_int, names, c_int]),
             "custody_sleep_stats_of": (c_int, [c_int, ctypes.POINTER(_Stats)]),
             "custody_sleep_owner_stats_of": (c_int, [c_int, ctypes.c_char_p, ctypes.POINTER(_OwnerStats)]),
+            "custody_sleep_release_host": (ctypes.c_size_t, [c_int]),
             "custody_sleep_last_error": (ctypes.c_char_p, []),
         }
         for name, (restype, argtypes) in signatures.items():
@@ -162,3 +163,10 @@ def owner_stats(owner, device=0, lib=None):
 def is_asleep(owner, device=0, lib=None):
     """Whether `owner` sleeps on `device`."""
     return owner_stats(owner, device, lib)["asleep"]
+
+
+def release_host_memory(device=-1, lib=None):
+    """Gives back the host memory kept for offloads (pinned on a GPU) that no sleeping owner holds,
+    on `device` (-1: every device); returns the bytes given back. The memory is otherwise kept from
+    one sleep to the next, as PyTorch keeps its pinned memory."""
+    return _bound(lib or library()).custody_sleep_release_host(device)

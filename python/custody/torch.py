@@ -32,13 +32,14 @@ from . import options as _options
 from . import stats as _stats
 from ._library import OUT_OF_MEMORY_MARK, CustodyError, library, library_path
 from .ranks import claim_device, rank_info
-from .torch_sleep import (CaptureOpenError, OwnerAsleepError, OwnerAwakeError, SleepError, is_asleep, sleep,
-                          sleep_stats, sleepable, sleepable_pool, wake)
+from .torch_sleep import (CaptureOpenError, OwnerAsleepError, OwnerAwakeError, SleepError, is_asleep,
+                          release_host_memory, sleep, sleep_stats, sleepable, sleepable_pool, wake)
 from .tracking import LeakWatch, diff, owner, snapshot, write_report
 
 __all__ = ["enable", "enabled", "memory_stats", "memory_summary", "oom_as_torch_error", "TooLateError", "owner",
            "snapshot", "diff", "LeakWatch", "write_report", "sleepable", "sleepable_pool", "sleep", "wake",
-           "is_asleep", "sleep_stats", "SleepError", "OwnerAsleepError", "OwnerAwakeError", "CaptureOpenError"]
+           "is_asleep", "sleep_stats", "release_host_memory", "SleepError", "OwnerAsleepError", "OwnerAwakeError",
+           "CaptureOpenError"]
 
 _state = {"lib": None, "options": None}
 

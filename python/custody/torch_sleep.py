@@ -15,6 +15,10 @@ the library's custody_sleep_malloc and custody_sleep_free: PyTorch's caching all
 caches segments inside the pool, so a segment never serves two owners. This needs no
 custody.torch.enable(): the process keeps PyTorch's allocator for everything else.
 
+Host memory: the pinned memory offloaded contents are copied into is kept from one sleep to the
+next (pinning fresh memory at every sleep costs more than the copy); release_host_memory() gives
+back what no sleeping owner holds.
+
 Streams: PyTorch does not tell its allocator which streams a tensor is used on, so sleep() waits
 for the work queued on the stream each segment was allocated on and on the current stream (or the
 streams given). Segments PyTorch caches in a pool (freed tensors) sleep too: call
@@ -26,8 +30,10 @@ from . import sleepable as _sleepable
 from ._library import library, library_path
 from .tracking import owner as _owner_scope
 
-__all__ = ["sleepable", "sleepable_pool", "sleep", "wake", "is_asleep", "sleep_stats", "SleepError",
-           "OwnerAsleepError", "OwnerAwakeError", "CaptureOpenError"]
+__all__ = ["sleepable", "sleepable_pool", "sleep", "wake", "is_asleep", "sleep_stats", "release_host_memory",
+           "SleepError", "OwnerAsleepError", "OwnerAwakeError", "CaptureOpenError"]
+
+release_host_memory = _sleepable.release_host_memory
 
 SleepError = _sleepable.SleepError
 OwnerAsleepError = _sleepable.OwnerAsleepError

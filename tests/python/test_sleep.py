@@ -55,6 +55,8 @@ def test_a_round_trip_keeps_offloaded_bytes_and_zeroes_discarded_ones(host_lib):
     assert ctypes.string_at(weights, size) == _pattern(1, size)
     assert ctypes.string_at(cache, size) == bytes(size)
     assert sleepable.stats(lib=host_lib)["mapped_bytes"] == before["mapped_bytes"]
+    assert sleepable.release_host_memory(lib=host_lib) >= size  # the offload's host memory, kept until now
+    assert sleepable.release_host_memory(lib=host_lib) == 0
     sleepable.free(weights, size, lib=host_lib)
     sleepable.free(cache, size, lib=host_lib)
 
