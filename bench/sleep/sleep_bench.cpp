@@ -27,12 +27,12 @@
 #include <custody/sleep/sleepable_memory.hpp>
 #include <custody/staging/staging_ring.hpp>
 
+#include "sleep_cycle.hpp"
 #include "throughput_reporter.hpp"
 
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -55,7 +55,9 @@ using cached = custody::sleep::sleepable_memory<custody::host::vmm,
 using ringed = custody::sleep::sleepable_memory<custody::host::vmm, custody::resource::host_memory, ring_type>;
 
 constexpr std::size_t granule = std::size_t{2} << 20;
-constexpr std::size_t blocks = 4;
+using custody::bench::owner_blocks;
+using custody::bench::seconds;
+constexpr std::size_t blocks = custody::bench::sleep_blocks;
 
 custody::sleep::sleep_options options() { return {.granule = granule, .peers = {}}; }
 
@@ -72,44 +74,6 @@ std::unique_ptr<Memory> make_memory() {
     } else {
         return std::make_unique<Memory>(0, options());
     }
-}
-
-/// One owner ("model") of four blocks holding `bytes` in all, written once.
-template <class Memory>
-struct owner_blocks {
-    std::unique_ptr<Memory> memory = make_memory<Memory>();
-    std::vector<void*> ptrs;
-    std::size_t each;
-    explicit owner_blocks(std::size_t bytes) : each(bytes / blocks) {
-        const auto owner = custody::debug::intern_owner("model");
-        for (std::size_t i = 0; i < blocks; ++i) ptrs.push_back(memory->allocate(typename Memory::stream_type{}, each, 256, owner));
-        for (void* p : ptrs) std::memset(p, 0x5A, each);
-    }
-    ~owner_blocks() {
-        for (void* p : ptrs) memory->deallocate_sync(p, each, 256);
-    }
-};
-
-template <class F>
-double seconds(F&& f) {
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-/// Times the sleep (Wake = false) or the wake (Wake = true) of one owner under `policy`.
-template <class Memory, bool Wake>
-void cycle(benchmark::State& state, sleep_policy policy) {
-    const auto bytes = static_cast<std::size_t>(state.range(0));
-    owner_blocks<Memory> o(bytes);
-    o.memory->sleep({"model"}, policy); // one cycle first: a cached backing is warm, as in a loop of them
-    o.memory->wake({"model"});
-    for (auto _ : state) {
-        const double slept = seconds([&] { o.memory->sleep({"model"}, policy); });
-        const double woken = seconds([&] { o.memory->wake({"model"}); });
-        state.SetIterationTime(Wake ? woken : slept);
-    }
-    state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
 }
 
 /// Pages no one has touched: what the kernel hands out for memory just mapped.
@@ -129,7 +93,7 @@ struct fresh_pages {
 template <bool In, bool Fresh>
 void copy(benchmark::State& state) {
     const auto bytes = static_cast<std::size_t>(state.range(0));
-    owner_blocks<plain> o(bytes);
+    owner_blocks<plain> o(make_memory<plain>(), bytes);
     std::vector<std::unique_ptr<char[]>> host;
     for (std::size_t i = 0; i < blocks; ++i) {
         host.emplace_back(new char[o.each]);
@@ -168,14 +132,15 @@ int main(int argc, char** argv) {
     reg("copy/in", &copy<true, false>);
     reg("copy/out_fresh", &copy<false, true>);
     reg("copy/in_fresh", &copy<true, true>);
-    reg("sleep/discard", &cycle<plain, false>, sleep_policy::discard);
-    reg("wake/discard", &cycle<plain, true>, sleep_policy::discard);
-    reg("sleep/offload", &cycle<plain, false>, sleep_policy::offload);
-    reg("wake/offload", &cycle<plain, true>, sleep_policy::offload);
-    reg("sleep/offload_cached", &cycle<cached, false>, sleep_policy::offload);
-    reg("wake/offload_cached", &cycle<cached, true>, sleep_policy::offload);
-    reg("sleep/offload_ring", &cycle<ringed, false>, sleep_policy::offload);
-    reg("wake/offload_ring", &cycle<ringed, true>, sleep_policy::offload);
+    using custody::bench::sleep_cycle;
+    reg("sleep/discard", &sleep_cycle<plain, false>, sleep_policy::discard, &make_memory<plain>);
+    reg("wake/discard", &sleep_cycle<plain, true>, sleep_policy::discard, &make_memory<plain>);
+    reg("sleep/offload", &sleep_cycle<plain, false>, sleep_policy::offload, &make_memory<plain>);
+    reg("wake/offload", &sleep_cycle<plain, true>, sleep_policy::offload, &make_memory<plain>);
+    reg("sleep/offload_cached", &sleep_cycle<cached, false>, sleep_policy::offload, &make_memory<cached>);
+    reg("wake/offload_cached", &sleep_cycle<cached, true>, sleep_policy::offload, &make_memory<cached>);
+    reg("sleep/offload_ring", &sleep_cycle<ringed, false>, sleep_policy::offload, &make_memory<ringed>);
+    reg("wake/offload_ring", &sleep_cycle<ringed, true>, sleep_policy::offload, &make_memory<ringed>);
     benchmark::Initialize(&argc, argv);
     custody::bench::throughput_reporter reporter;
     benchmark::RunSpecifiedBenchmarks(&reporter);

@@ -21,12 +21,12 @@
 #include <custody/resource/pinned_host.hpp>
 #include <custody/sleep/sleepable_memory.hpp>
 
+#include "sleep_cycle.hpp"
 #include "throughput_reporter.hpp"
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -42,51 +42,21 @@ using custody::sleep::sleep_policy;
 using plain = custody::sleep::sleepable_memory<custody::cuda::vmm, custody::resource::pinned_host>;
 using cached = custody::sleep::sleepable_memory<custody::cuda::vmm,
                                                 custody::pool::stream_ordered_pool<custody::resource::pinned_host>>;
-constexpr int blocks = 4;
+using custody::bench::owner_blocks;
+using custody::bench::seconds;
 
 template <class Memory>
-struct owner_blocks {
-    std::unique_ptr<Memory> memory = std::make_unique<Memory>(0);
-    std::vector<void*> ptrs;
-    std::size_t each;
-    explicit owner_blocks(std::size_t bytes) : each(bytes / blocks) {
-        const auto owner = custody::debug::intern_owner("model");
-        for (int i = 0; i < blocks; ++i) {
-            ptrs.push_back(memory->allocate(platform::stream_view{}, each, 256, owner));
-            CUSTODY_CUDA_TRY(cudaMemset(ptrs.back(), 0x5A, each));
-        }
-    }
-    ~owner_blocks() {
-        for (void* p : ptrs) memory->deallocate_sync(p, each, 256);
-    }
-};
-
-template <class F>
-double seconds(F&& f) {
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-template <class Memory, bool Wake>
-void cycle(benchmark::State& state, sleep_policy policy) {
-    const auto bytes = static_cast<std::size_t>(state.range(0));
-    owner_blocks<Memory> o(bytes);
-    for (auto _ : state) {
-        const double slept = seconds([&] { o.memory->sleep({"model"}, policy); });
-        const double woken = seconds([&] { o.memory->wake({"model"}); });
-        state.SetIterationTime(Wake ? woken : slept);
-    }
-    state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
+std::unique_ptr<Memory> make_memory() {
+    return std::make_unique<Memory>(0);
 }
 
 template <bool In>
 void copy(benchmark::State& state) {
     const auto bytes = static_cast<std::size_t>(state.range(0));
-    owner_blocks<plain> o(bytes);
+    owner_blocks<plain> o(make_memory<plain>(), bytes);
     custody::resource::pinned_host pinned(0);
     std::vector<void*> host;
-    for (int i = 0; i < blocks; ++i) host.push_back(pinned.allocate_sync(o.each, 256));
+    for (std::size_t i = 0; i < custody::bench::sleep_blocks; ++i) host.push_back(pinned.allocate_sync(o.each, 256));
     custody::cuda::stream s(0);
     for (auto _ : state) {
         state.SetIterationTime(seconds([&] {
@@ -122,12 +92,13 @@ int main(int argc, char** argv) {
     };
     reg("copy/out", &copy<false>);
     reg("copy/in", &copy<true>);
-    reg("sleep/discard", &cycle<plain, false>, sleep_policy::discard);
-    reg("wake/discard", &cycle<plain, true>, sleep_policy::discard);
-    reg("sleep/offload", &cycle<plain, false>, sleep_policy::offload);
-    reg("wake/offload", &cycle<plain, true>, sleep_policy::offload);
-    reg("sleep/offload_cached", &cycle<cached, false>, sleep_policy::offload);
-    reg("wake/offload_cached", &cycle<cached, true>, sleep_policy::offload);
+    using custody::bench::sleep_cycle;
+    reg("sleep/discard", &sleep_cycle<plain, false>, sleep_policy::discard, &make_memory<plain>);
+    reg("wake/discard", &sleep_cycle<plain, true>, sleep_policy::discard, &make_memory<plain>);
+    reg("sleep/offload", &sleep_cycle<plain, false>, sleep_policy::offload, &make_memory<plain>);
+    reg("wake/offload", &sleep_cycle<plain, true>, sleep_policy::offload, &make_memory<plain>);
+    reg("sleep/offload_cached", &sleep_cycle<cached, false>, sleep_policy::offload, &make_memory<cached>);
+    reg("wake/offload_cached", &sleep_cycle<cached, true>, sleep_policy::offload, &make_memory<cached>);
     benchmark::Initialize(&argc, argv);
     custody::bench::throughput_reporter reporter;
     benchmark::RunSpecifiedBenchmarks(&reporter);

@@ -1,18 +1,13 @@
 // sleepable_memory under a fault at every step of a sleep and of a wake: each host allocation for
-// the offload, each copy and fill, each wait, each block's create, map and set_access, each unmap. A step
-// that throws leaves the owners, their contents, the counts and what the platform holds as they were
-// (strong guarantee); an unmap that fails is reported and counted, and the wake after it still
-// gives the right contents back.
-#include <custody/platform/host_vmm.hpp>
-#include <custody/resource/fault_injecting.hpp>
-#include <custody/sleep/sleepable_memory.hpp>
-
+// the offload, each copy and fill, each wait, each block's create, map and set_access, each unmap.
+// A step that throws leaves the owners, their contents, the counts and what the platform holds as
+// they were (strong guarantee); a step that cannot be undone (an unmap, a wait after the fence) is
+// reported and counted, and the wake after it still gives the right contents back.
+#include "faulty_sleep.hpp"
 #include "host_pages.hpp"
 #include "sleep_cases.hpp"
 
 #include "../support/failure_log.hpp"
-#include "../support/faulty_platform.hpp"
-#include "../support/faulty_vmm.hpp"
 #include "../support/vmm_checks.hpp"
 
 #include "../support/catch.hpp"
@@ -25,7 +20,6 @@
 #include <vector>
 
 using namespace custody_test::sleep_cases;
-using custody::test::faulty_platform;
 using custody::test::platform_fault;
 using custody::test::platform_faults;
 using custody::test::vmm_fault;
@@ -34,25 +28,14 @@ using custody::test::vmm_op;
 
 namespace {
 
-using faulty_vmm = custody::test::basic_faulty_vmm<custody::host::vmm, faulty_platform>;
-using backing = custody::resource::fault_injecting<custody::test::faulty_memory>;
-using memory_type = custody::sleep::sleepable_memory<faulty_vmm, backing>;
-using P = faulty_platform;
+using custody_test::faulty_sleep::all_faults_reset;
+using custody_test::faulty_sleep::memory_type;
+using custody_test::faulty_sleep::P;
 
 struct pages {
     static bool mapped(const void* p) { return custody_test::host_pages::mapped(p); }
 };
 bool mapped_page(const void* p) { return pages::mapped(p); }
-
-/// Disarms every fault when a case begins and ends.
-struct all_faults_reset {
-    all_faults_reset() { reset(); }
-    ~all_faults_reset() { reset(); }
-    static void reset() {
-        vmm_faults::reset();
-        platform_faults::reset();
-    }
-};
 
 /// Two owners: "weights" (offloaded) with blocks of 1 and 3 granules, "kv" (discarded) with blocks
 /// of 2 granules and of one byte.

@@ -4,15 +4,10 @@
 // wake in ten. After every step the resource's counts, the pages the kernel reports and what the
 // platform holds equal the model's exactly; blocks read back their cookie, or zeros after a
 // discarding sleep.
-#include <custody/platform/host_vmm.hpp>
-#include <custody/resource/fault_injecting.hpp>
-#include <custody/sleep/sleepable_memory.hpp>
-
+#include "faulty_sleep.hpp"
 #include "host_pages.hpp"
 #include "sleep_cases.hpp"
 
-#include "../support/faulty_platform.hpp"
-#include "../support/faulty_vmm.hpp"
 #include "../support/vmm_checks.hpp"
 
 #include "../support/catch.hpp"
@@ -29,7 +24,6 @@
 #include <vector>
 
 using namespace custody_test::sleep_cases;
-using custody::test::faulty_platform;
 using custody::test::platform_fault;
 using custody::test::platform_faults;
 using custody::test::vmm_fault;
@@ -38,10 +32,8 @@ using custody::test::vmm_op;
 
 namespace {
 
-using faulty_vmm = custody::test::basic_faulty_vmm<custody::host::vmm, faulty_platform>;
-using backing = custody::resource::fault_injecting<custody::test::faulty_memory>;
-using memory_type = custody::sleep::sleepable_memory<faulty_vmm, backing>;
-using P = faulty_platform;
+using custody_test::faulty_sleep::memory_type;
+using custody_test::faulty_sleep::P;
 
 using content = custody_test::sleep_cases::bytes;
 
@@ -298,8 +290,7 @@ private:
 
 TEST_CASE("sleepable_memory: a seeded model of 10^4 allocations, frees, sleeps and wakes keeps every count exact",
           "[sleep][model]") {
-    vmm_faults::reset();
-    platform_faults::reset();
+    custody_test::faulty_sleep::all_faults_reset reset;
     for (const std::uint64_t seed : {std::uint64_t{1}, std::uint64_t{2}, std::uint64_t{20261126}}) {
         INFO("seed " << seed);
         model m(seed);
