@@ -15,7 +15,7 @@
 #include "replay/streams.hpp"
 
 #include <custody/platform/host.hpp>
-#include <custody/trace/detail/output_file.hpp>
+#include <custody/core/detail/output_file.hpp>
 #include <custody/trace/reader.hpp>
 
 #include <algorithm>
@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
         for (const auto& text : o.allocators) factories.push_back(replay::plan(replay::allocator_spec(text)));
         // The output files are created up front (under temporary names), so a path that cannot be
         // written fails before the replay rather than after it.
-        std::optional<trace::detail::output_file> json_file, perfetto_file;
+        std::optional<custody::detail::output_file> json_file, perfetto_file;
         if (!o.json.empty()) json_file.emplace(o.json);
         if (!o.perfetto.empty()) perfetto_file.emplace(o.perfetto);
 
