@@ -5,11 +5,15 @@ hostile input (exit 2, a message naming the event or line, no output left behind
 
 usage: import_test.py CUSTODY_IMPORT CUSTODY_TRACE CUSTODY_REPLAY"""
 
+import contextlib
 import csv
 import glob
+import importlib.machinery
+import importlib.util
 import io
 import os
 import pickle
+import resource
 import subprocess
 import sys
 import tempfile
@@ -19,12 +23,27 @@ IMPORT = TRACE_TOOL = REPLAY = None
 MiB = 1 << 20
 
 
-def run(*args):
-    """Runs a command; an argument that is a list (the importer under this Python) is spliced in."""
+def run(*args, timeout=300, limit_memory=None):
+    """Runs a command; an argument that is a list (the importer under this Python) is spliced in.
+    `limit_memory`: the process's address space in bytes (RLIMIT_AS)."""
     command = []
     for a in args:
         command.extend(a if isinstance(a, list) else [str(a)])
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (limit_memory, limit_memory))
+
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=limit if limit_memory else None)
+
+
+def load_importer():
+    """custody-import as a module of this process (its limits can be lowered for a test)."""
+    loader = importlib.machinery.SourceFileLoader("custody_import", IMPORT[1])
+    spec = importlib.util.spec_from_loader("custody_import", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 
 def event(action, addr, size, stream=0, time_us=None, **extra):
@@ -69,9 +88,9 @@ class Case(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         return p
 
-    def refused(self, args, *fragments):
+    def refused(self, args, *fragments, timeout=300):
         out = self.path("refused.ctrace")
-        p = run(IMPORT, *args, "-o", out)
+        p = run(IMPORT, *args, "-o", out, timeout=timeout)
         self.assertEqual(p.returncode, 2, "expected exit 2: " + p.stderr)
         for fragment in fragments:
             self.assertIn(fragment, p.stderr)
@@ -247,6 +266,74 @@ class PyTorchSnapshots(Case):
         refused_with(lambda d: d.pop("device_traces"), "has no 'device_traces'")
         refused_with(lambda d: d["segments"][1]["blocks"][1].pop("state"), "segments[1]['blocks'][1] has no 'state'")
         self.refused(["pytorch", self.snapshot([1, 2, 3], "list.pickle")], "is a list, not a dict")
+
+
+class BoundedWork(Case):
+    """The work and memory of an import are bounded by its input: each object is looked at once
+    however often the pickle refers to it, nesting and size have documented limits, records are
+    never read twice."""
+
+    def basic(self):
+        return PyTorchSnapshots.basic(self)
+
+    def test_an_object_referred_to_from_many_places_is_checked_once(self):
+        shared = [1]
+        for _ in range(30):  # 2^30 paths through 30 lists, within the depth limit
+            shared = [shared, shared]
+        data = self.basic()
+        data["external_annotations"] = shared
+        snapshot = self.snapshot(data)
+        self.assertLess(os.path.getsize(snapshot), 4096)
+        p = run(IMPORT, "pytorch", snapshot, "-o", self.out, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        for _ in range(34):  # 2^64 paths, 64 deep: refused for its depth, at once
+            shared = [shared, shared]
+        data["external_annotations"] = shared
+        self.refused(["pytorch", self.snapshot(data, "s64.pickle")], "nested more than 32 deep", timeout=120)
+
+    def test_nesting_deeper_than_the_limit_and_a_list_holding_itself_are_refused(self):
+        data = self.basic()
+        deep = []
+        for _ in range(100):
+            deep = [deep]
+        data["external_annotations"] = deep
+        self.refused(["pytorch", self.snapshot(data)], "nested more than 32 deep", "['external_annotations']")
+        looped = []
+        looped.append(looped)
+        data["external_annotations"] = {"x": looped}
+        self.refused(["pytorch", self.snapshot(data, "loop.pickle")], "holds itself",
+                     "['external_annotations']['x']", timeout=120)
+
+    def test_records_referred_to_twice_are_refused(self):
+        data = self.basic()
+        data["device_traces"] = [data["device_traces"][0], data["device_traces"][0]]
+        self.refused(["pytorch", self.snapshot(data)], "device_traces[1] is device_traces[0] again")
+        data = self.basic()
+        events = data["device_traces"][0]
+        pair = [event("alloc", 0xA000000, MiB), event("free_completed", 0xA000000, MiB)]
+        events.extend(pair + pair)
+        self.refused(["pytorch", self.snapshot(data, "e.pickle")], "device 0, event 8", "event 6 again")
+        data = self.basic()
+        data["segments"].append(data["segments"][1])
+        self.refused(["pytorch", self.snapshot(data, "s.pickle")], "segments[2] is segments[1] again")
+
+    def test_memory_is_bounded_by_the_file_whatever_its_memo_indices(self):
+        # A memo index of 2^28 costs Python's C unpickler 2^29 slots (4 GiB) from a 5-byte opcode.
+        data = pickle.dumps(self.basic(), protocol=2)
+        self.assertEqual(data[-1:], b".")
+        hostile = self.write("memo.pickle", data[:-1] + b"r" + (1 << 28).to_bytes(4, "little") + b".")
+        p = run(IMPORT, "pytorch", hostile, "-o", self.out, limit_memory=1 << 30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+    def test_more_values_than_the_limit_are_refused(self):
+        importer = load_importer()
+        importer.MAX_VALUES = 40
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            status = importer.main(["pytorch", self.snapshot(self.basic()), "-o", self.out])
+        self.assertEqual(status, 2, err.getvalue())
+        self.assertIn("more than 40 values", err.getvalue())
+        self.assertFalse(os.path.exists(self.out))
 
 
 class RmmLogs(Case):
