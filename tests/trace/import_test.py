@@ -336,6 +336,49 @@ class BoundedWork(Case):
         self.assertFalse(os.path.exists(self.out))
 
 
+class NumbersThatDoNotFit(Case):
+    """What the trace's readers would refuse, or what cannot be a time, is refused at import."""
+
+    def basic(self):
+        return PyTorchSnapshots.basic(self)
+
+    def test_pytorch_values_out_of_range(self):
+        def refused_with(change, *fragments, name="bad.pickle"):
+            data = self.basic()
+            change(data)
+            self.refused(["pytorch", self.snapshot(data, name)], *fragments)
+
+        half = 1 << 63
+        refused_with(lambda d: d["segments"].extend([segment(0x9000000, half, []), segment(0xA000000, half, [])]),
+                     "segments[3]", "2^64-1")
+        refused_with(lambda d: d["segments"].append(segment(0x9000000, MiB, [], device=1 << 40)), "segments[2]",
+                     "device 1099511627776")
+        refused_with(lambda d: d["segments"].append(segment(0x9000000, MiB, [], device=-7)), "segments[2]", "device -7")
+        refused_with(lambda d: d["device_traces"][0][1].update(time_us=float("nan")), "event 2", "time_us")
+        refused_with(lambda d: d["device_traces"][0][1].update(time_us=float("inf")), "event 2", "time_us")
+        refused_with(lambda d: d["device_traces"][0][4].update(time_us=1e300), "event 5", "time_us")
+        refused_with(lambda d: d["device_traces"][0][1].update(addr=10 ** 5000), "event 2", "address")
+        refused_with(lambda d: d["device_traces"][0][1].update(stream=1 << 70), "event 2", "stream")
+        refused_with(lambda d: d["segments"][0].update(total_size=-(10 ** 5000)), "segments[0]", "size")
+        refused_with(lambda d: d["segments"][0].update(device=10 ** 5000), "segments[0]", "device")
+
+    def test_rmm_values_out_of_range(self):
+        header = "Thread,Time,Action,Pointer,Size,Stream\n"
+        for n, (line, fragment) in enumerate((("1,nan,allocate,0x1000,64,0x0", "time 'nan'"),
+                                              ("1,inf,allocate,0x1000,64,0x0", "time 'inf'"),
+                                              ("1,1e400,allocate,0x1000,64,0x0", "time '1e400'"),
+                                              ("1,1e300,allocate,0x1000,64,0x0", "time '1e300'"),
+                                              ("1,10:00:00.0,allocate,0x1000,64\r,0x0", "line 2"),
+                                              ("1,10:00:00.0,allocate,0x1000,6\x004,0x0", "line 2"),
+                                              ("1,10:00:00.0,allocate,0x1000,\u0666\u0664,0x0", "size"),
+                                              ("1,10:00:00.0,allocate,0x1000,1_024,0x0", "size"))):
+            log = self.write("r%d.csv" % n, (header + line + "\n").encode("utf-8"))
+            self.refused(["rmm", log], fragment)
+        good = self.write("good.csv", header + "1,10:00:00.0,allocate,0x1000,64,0x0\n", "w")
+        self.refused(["rmm", good, "--device", str(1 << 40)], "--device 1099511627776")
+        self.refused(["rmm", self.write("empty-first.csv", "\n" + header, "w")], "line 1")
+
+
 class RmmLogs(Case):
     HEADER = "Thread,Time,Action,Pointer,Size,Stream\n"
 
