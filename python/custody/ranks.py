@@ -34,7 +34,8 @@ def rank_info(environ=None):
         raise CustodyError("custody: %s set but %s not (as torchrun sets them all)" % (", ".join(present), ", ".join(missing)))
     rank, local_rank, world = (_count(n, environ[n]) for n in names)
     if not (0 <= rank < world and 0 <= local_rank < world):
-        raise CustodyError("custody: rank %d / local rank %d do not fit world size %d" % (rank, local_rank, world))
+        raise CustodyError("custody: RANK=%d and LOCAL_RANK=%d do not fit WORLD_SIZE=%d (each must be below it)"
+                           % (rank, local_rank, world))
     return rank, local_rank, world
 
 
