@@ -361,6 +361,10 @@ class NumbersThatDoNotFit(Case):
         refused_with(lambda d: d["device_traces"][0][1].update(stream=1 << 70), "event 2", "stream")
         refused_with(lambda d: d["segments"][0].update(total_size=-(10 ** 5000)), "segments[0]", "size")
         refused_with(lambda d: d["segments"][0].update(device=10 ** 5000), "segments[0]", "device")
+        refused_with(lambda d: d.update(extra={10 ** 5000: {1}}), "['extra'][a 16610-bit number] is a set")
+        data = self.basic()
+        data["extra"] = {10 ** 5000: [1]}  # a key Python cannot print in digits: read, not printed
+        self.imported("pytorch", self.snapshot(data, "bigkey.pickle"))
 
     def test_rmm_values_out_of_range(self):
         header = "Thread,Time,Action,Pointer,Size,Stream\n"
