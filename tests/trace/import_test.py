@@ -325,6 +325,17 @@ class BoundedWork(Case):
         p = run(IMPORT, "pytorch", hostile, "-o", self.out, limit_memory=1 << 30)
         self.assertEqual(p.returncode, 0, p.stderr)
 
+    def test_a_length_field_never_allocates_more_than_the_file(self):
+        # BYTEARRAY8: 9 bytes of opcode and length; Python's unpicklers make the bytearray first.
+        hostile = self.write("bytearray.pickle", b"\x80\x05\x96" + (1 << 30).to_bytes(8, "little") + b"x.")
+        measure = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+                   "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); print(p.stderr)")
+        p = run(sys.executable, "-c", measure, IMPORT, "pytorch", hostile, "-o", self.out)
+        status, peak_kib = p.stdout.split("\n")[0].split()
+        self.assertEqual(status, "2", p.stdout)
+        self.assertIn("bytearray", p.stdout)
+        self.assertLess(int(peak_kib), 256 << 10, "a 19-byte file took %s KiB" % peak_kib)
+
     def test_more_values_than_the_limit_are_refused(self):
         importer = load_importer()
         importer.MAX_VALUES = 40
