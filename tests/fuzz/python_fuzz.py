@@ -12,7 +12,8 @@ and splices of the seeds, from a fixed seed) feeds the same target: the runs are
 machine, without coverage guidance. Either way a finding ends the run with exit status 1 and the
 input in the artifacts folder.
 
-What counts as a finding, besides an exception other than the documented refusal:
+What counts as a finding, besides an exception other than the documented refusal and more than
+RSS_LIMIT_MIB of memory:
   pytorch, rmm  exit status other than 0 or 2; on 2, an output or a temporary file left behind; on
                 0, a trace that custody's readers would refuse (checked by decoding it here as
                 trace::reader and the replay compiler do: the format's limits, devices in
@@ -29,6 +30,7 @@ import importlib.util
 import io
 import os
 import random
+import resource
 import shutil
 import sys
 import tempfile
@@ -266,10 +268,17 @@ def instrument(atheris, modules):
             atheris.instrument_func(function)
 
 
+# An input of at most 16 KiB that takes this much memory is a finding (the targets need about 50 MiB).
+RSS_LIMIT_MIB = 512
+
+
 def one_input(target, artifacts):
     def run(data):
         try:
             target(bytes(data))
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+            if peak > RSS_LIMIT_MIB:
+                raise Finding("the process reached %d MiB (limit %d)" % (peak, RSS_LIMIT_MIB))
         except Exception as e:  # a finding: keep the input, then let the driver stop
             os.makedirs(artifacts, exist_ok=True)
             path = os.path.join(artifacts, "finding-%d" % (hash(bytes(data)) & 0xFFFFFFFF))
@@ -366,7 +375,7 @@ def main(argv):
     scratch = os.path.join(args.artifacts, "scratch-corpus")
     shutil.rmtree(scratch, ignore_errors=True)
     os.makedirs(scratch)
-    flags = ["-seed=1", "-timeout=30", "-rss_limit_mb=2048", "-max_len=%d" % args.max_len,
+    flags = ["-seed=1", "-timeout=30", "-rss_limit_mb=%d" % RSS_LIMIT_MIB, "-max_len=%d" % args.max_len,
              "-artifact_prefix=%s/" % args.artifacts, "-print_final_stats=1"]
     flags += ["-runs=%d" % args.runs] if args.runs is not None else []
     flags += ["-max_total_time=%d" % args.seconds] if args.seconds is not None else []
