@@ -12,6 +12,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -119,4 +120,58 @@ TEST_CASE("a file is complete under its name or the name is as it was", "[core][
         names.insert(temporary);
     }
     CHECK(names.size() == 8);
+}
+
+TEST_CASE("character devices and pipes are written in place, never replaced", "[core][output_file]") {
+    scratch s;
+    // A pipe with a reader: the writer's text arrives through it, and the pipe stays a pipe.
+    const std::string fifo = s.file("pipe");
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    std::string received;
+    std::thread reader([&] { received = file_text(fifo); });
+    while (true) { // the writer must find the reader there (a pipe without one is refused at once)
+        try {
+            write_file(fifo, "through the pipe");
+            break;
+        } catch (const custody::error&) {
+            std::this_thread::yield();
+        }
+    }
+    reader.join();
+    CHECK(received == "through the pipe");
+    struct stat st {};
+    REQUIRE(::lstat(fifo.c_str(), &st) == 0);
+    CHECK(S_ISFIFO(st.st_mode));
+
+    // A device node (a private copy of /dev/null, made only by root), directly and through a link of
+    // this user: written through, and both stay what they were.
+    const std::string null_device = s.file("null");
+    if (!make_device_node(null_device, 3)) {
+        WARN("not checked: making a device node needs root");
+        return;
+    }
+    write_file(null_device, "discarded");
+    REQUIRE(::lstat(null_device.c_str(), &st) == 0);
+    CHECK(S_ISCHR(st.st_mode));
+    const std::string ours = s.file("link-of-ours");
+    REQUIRE(plant_symlink(null_device, ours));
+    write_file(ours, "discarded");
+    REQUIRE(::lstat(ours.c_str(), &st) == 0);
+    CHECK(S_ISLNK(st.st_mode));
+    // A link of another user to the device is never opened: replaced by a file of ours.
+    const std::string theirs = s.file("link-of-theirs");
+    REQUIRE(plant_symlink(null_device, theirs));
+    REQUIRE(::lchown(theirs.c_str(), 65534, 65534) == 0);
+    write_file(theirs, "a file now");
+    CHECK(is_own_regular_file(theirs));
+    REQUIRE(::lstat(null_device.c_str(), &st) == 0);
+    CHECK(S_ISCHR(st.st_mode));
+    // A full device refuses the write: custody::error, and it stays a device.
+    const std::string full_device = s.file("full");
+    REQUIRE(make_device_node(full_device, 7));
+    CHECK_THROWS_AS(write_file(full_device, "no room"), custody::error);
+    REQUIRE(::lstat(full_device.c_str(), &st) == 0);
+    CHECK(S_ISCHR(st.st_mode));
+    // A directory is refused by name.
+    CHECK_THROWS_WITH(write_file(s.dir.string(), "x"), contains("directory"));
 }

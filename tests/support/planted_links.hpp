@@ -9,6 +9,7 @@
 #include <string>
 
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 namespace custody_test {
@@ -35,6 +36,12 @@ inline bool plant_hard_link(const std::string& target, const std::string& at) { 
 inline bool is_own_regular_file(const std::string& path) {
     struct stat st {};
     return ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1;
+}
+
+/// A character device like /dev/null (1, 3) or /dev/full (1, 7) at `at`, made here so that a test
+/// never risks the system's own /dev; false when this process may not make device nodes (not root).
+inline bool make_device_node(const std::string& at, unsigned minor) {
+    return ::mknod(at.c_str(), S_IFCHR | 0666, ::makedev(1, minor)) == 0;
 }
 
 /// The temporary name writers used before they were made safe: `<path>.partial-<pid>`.

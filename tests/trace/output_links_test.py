@@ -142,6 +142,25 @@ class Writers(unittest.TestCase):
                 self.assert_written_anew(tool, out, victim, run(command(out), plant))
 
 
+    def test_a_device_is_written_in_place_never_replaced(self):
+        # A private copy of /dev/null (root only): the system's own /dev is never at stake.
+        device = self.path("null")
+        try:
+            os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        except PermissionError:
+            self.skipTest("making a device node needs root")
+        ours = self.path("link-to-null")
+        os.symlink(device, ours)
+        for tool, command in self.writers():
+            for out in (device, ours):
+                with self.subTest(tool=tool, out=os.path.basename(out)):
+                    p = run(command(out))
+                    self.assertEqual(p.returncode, 0, p.stderr)
+                    self.assertTrue(stat.S_ISCHR(os.stat(device).st_mode))
+                    self.assertTrue(stat.S_ISCHR(os.lstat(device).st_mode), "%s replaced the device" % tool)
+                    self.assertTrue(os.path.islink(ours), "%s replaced a link of ours to a device" % tool)
+
+
 if __name__ == "__main__":
     IMPORT = [sys.executable, sys.argv[1]]
     TRACE_TOOL, REPLAY = sys.argv[2], sys.argv[3]

@@ -29,6 +29,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/stat.h>
+
 using custody::trace::event;
 using custody::trace::event_kind;
 using custody::trace::recorder;
@@ -295,8 +297,14 @@ TEST_CASE("a rank's trace is named like its tracking report, and an unwritable p
 
     o.directory = dir.file("no/such/directory");
     CHECK_THROWS_WITH(recorder(o), custody_test::contains("no/such/directory/rank-3.ctrace"));
-    recorder_options full = options_for("/dev/full");
+    // A device that refuses every write (a private /dev/full where this process may make one):
+    // custody::error, and the device is written in place, never replaced by a file.
+    const std::string full_path = dir.file("full");
+    recorder_options full = options_for(custody_test::make_device_node(full_path, 7) ? full_path : "/dev/full");
     CHECK_THROWS_AS(recorder(full), custody::error);
+    struct stat st {};
+    REQUIRE(::lstat(full.path.c_str(), &st) == 0);
+    CHECK(S_ISCHR(st.st_mode));
 }
 
 TEST_CASE("a trace is a new file: links planted at its name are replaced, never written through", "[trace][recorder]") {

@@ -2,7 +2,7 @@
 /// Writing a file the way every custody writer does (tools, reports, traces): all of it or none of
 /// it, and never through a link someone planted. `output_file` creates a new file beside the target
 /// (exclusively, without following links) and renames it into place; `write_file` is the one-call
-/// form.
+/// form. Character devices and pipes (/dev/null, /dev/stdout) are written in place.
 #pragma once
 
 #include <custody/core/error.hpp>
@@ -20,6 +20,7 @@
 #include <utility>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace custody::detail {
@@ -70,11 +71,41 @@ inline int create_beside(const std::string& path, std::string& temporary) {
     throw error("cannot write '" + path + "': " + std::strerror(errno));
 }
 
+/// `path` opened for writing when it names a character device or a pipe (/dev/null, a terminal, a
+/// named pipe, /dev/stdout): directly, or through a symbolic link of this user or root; -1 when the
+/// name is to be given a new file instead (nothing there, a regular file, a link to anything else,
+/// and any link or node of another user, which is never opened). Throws custody::error for a
+/// directory and the kinds that are neither. The descriptor's kind is checked after opening, so a
+/// name swapped in between is never written through.
+inline int open_device_or_pipe(const std::string& path) {
+    struct stat name {};
+    if (::lstat(path.c_str(), &name) != 0 || S_ISREG(name.st_mode)) return -1;
+    if (S_ISDIR(name.st_mode)) throw error("cannot write '" + path + "': it is a directory");
+    if (name.st_uid != ::geteuid() && name.st_uid != 0) return -1; // planted by another user: replaced
+    const bool link = S_ISLNK(name.st_mode);
+    // O_NONBLOCK: a pipe without a reader fails at once instead of hanging (cleared below).
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC | O_NONBLOCK | (link ? 0 : O_NOFOLLOW));
+    if (fd < 0) {
+        if (link && errno == ENOENT) return -1; // a dangling link: replaced
+        throw error("cannot write '" + path + "': " + std::strerror(errno));
+    }
+    struct stat opened {};
+    if (::fstat(fd, &opened) == 0 && (S_ISCHR(opened.st_mode) || S_ISFIFO(opened.st_mode))) {
+        const int flags = ::fcntl(fd, F_GETFL);
+        if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+        return fd;
+    }
+    ::close(fd);
+    if (link) return -1; // a link to a regular file (or anything else): replaced, never written through
+    throw error("cannot write '" + path + "': not a regular file, a character device or a pipe");
+}
+
 /// A file that appears under its name only when complete and that never writes through a link:
 /// created new beside `path` (create_beside), renamed to `path` by commit() (or earlier by
 /// publish()), removed by the destructor if it was never renamed. rename() replaces whatever has
 /// the name (a planted symbolic link, a hard link to someone's file) without touching what it
-/// points to. "-" is standard output, written directly.
+/// points to. "-" is standard output; a character device or a pipe (open_device_or_pipe: /dev/null,
+/// /dev/stdout, a named pipe) is written directly, as it cannot be replaced by a file.
 ///
 /// Thread safety: none. Ownership: owns the descriptor and the temporary file.
 class output_file {
@@ -83,6 +114,10 @@ public:
         if (path_ == "-") {
             fd_ = STDOUT_FILENO;
             published_ = true;
+            return;
+        }
+        if ((fd_ = open_device_or_pipe(path_)) >= 0) {
+            published_ = true; // written in place: nothing to rename or remove
             return;
         }
         fd_ = create_beside(path_, temporary_);
