@@ -106,3 +106,16 @@ def test_the_librarys_own_variable_is_read_whole_or_refused_by_name(host_lib):
             print("capped")
     """, env={"CUSTODY_TORCH_MAX_BYTES": str(4 << 20)})
     assert "capped" in done.stdout, done.stdout
+
+
+def test_sleep_functions_check_what_they_pass_to_the_library(host_lib):
+    from custody import sleepable
+    for call, fragment in ((lambda: sleepable.sleep(["a\udc80"], lib=host_lib), "owner"),
+                           (lambda: sleepable.wake(["a\0b"], lib=host_lib), "owner"),
+                           (lambda: sleepable.owner_stats("a\udc80", lib=host_lib), "owner"),
+                           (lambda: sleepable.alloc(1 << 70, lib=host_lib), "size"),
+                           (lambda: sleepable.alloc(64, device=1 << 40, lib=host_lib), "device"),
+                           (lambda: sleepable.stats(device=1 << 40, lib=host_lib), "device"),
+                           (lambda: sleepable.sleep(["x"], streams=["s"], lib=host_lib), "stream")):
+        with pytest.raises(custody.CustodyError, match=fragment):
+            call()

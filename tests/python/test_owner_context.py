@@ -100,3 +100,30 @@ def test_threads_start_outside_every_scope_and_nest_on_their_own():
         assert all(seen[i] == "t%d/inner" % i for i in range(4)), seen
         assert all(seen[i, "after"] == "<untagged>" for i in range(4)), seen
     """)
+
+
+def test_sleepable_memory_goes_to_the_task_that_allocates_it():
+    run_python("""
+        import asyncio, custody
+        from custody import sleepable
+        lib = custody.library()
+        blocks = []
+
+        async def worker(name, first, second):
+            with custody.owner(name):
+                await first.wait()
+                blocks.append(sleepable.alloc(1 << 20, lib=lib))
+                second.set()
+
+        async def main():
+            a, b, c = asyncio.Event(), asyncio.Event(), asyncio.Event()
+            ta = asyncio.create_task(worker("sleep_a", a, b))
+            tb = asyncio.create_task(worker("sleep_b", b, c))
+            await asyncio.sleep(0)
+            a.set()
+            await asyncio.gather(ta, tb)
+
+        asyncio.run(main())
+        assert sleepable.owner_stats("sleep_a", lib=lib)["bytes"] == 1 << 20, sleepable.owner_stats("sleep_a", lib=lib)
+        assert sleepable.owner_stats("sleep_b", lib=lib)["bytes"] == 1 << 20
+    """)
