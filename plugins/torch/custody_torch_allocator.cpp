@@ -16,13 +16,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cstdint>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -58,11 +62,21 @@ using tracked_allocator = custody::interop::pluggable_allocator<tracked_resource
 pool_type& pool_of(plain_resource& r) noexcept { return r.upstream(); }
 pool_type& pool_of(tracked_resource& r) noexcept { return r.upstream().upstream(); }
 
-/// CUSTODY_TORCH_MAX_BYTES caps each device's memory (0 or unset: no cap beyond the device's).
+/// CUSTODY_TORCH_MAX_BYTES caps each device's memory (0 or unset: no cap beyond the device's): a
+/// count of bytes in decimal digits, the whole text, at most 2^64-1. Anything else is refused
+/// naming the variable (std::invalid_argument), never read as a part or a wrapped number.
 std::size_t max_bytes() {
     const char* text = std::getenv("CUSTODY_TORCH_MAX_BYTES"); // NOLINT(concurrency-mt-unsafe)
     if (text == nullptr || *text == '\0') return 0;
-    return static_cast<std::size_t>(std::strtoull(text, nullptr, 10));
+    const std::string_view value(text);
+    std::uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n, 10);
+    if (ec != std::errc{} || end != value.data() + value.size() || value.front() < '0' || value.front() > '9') {
+        const std::string shown(value.substr(0, 40));
+        throw std::invalid_argument("custody: CUSTODY_TORCH_MAX_BYTES='" + shown + (value.size() > 40 ? "...'" : "'") +
+                                    " is not a count of bytes in 0 .. 2^64-1 (decimal digits only)");
+    }
+    return static_cast<std::size_t>(n);
 }
 
 /// What custody_configure set for the pools made afterwards (0 / SIZE_MAX: not set).

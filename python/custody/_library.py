@@ -10,7 +10,9 @@ import os
 import pathlib
 import threading
 
-__all__ = ["CustodyError", "OutOfMemoryError", "Library", "library", "library_path"]
+from . import _owners
+
+__all__ = ["CustodyError", "OutOfMemoryError", "Library", "library", "library_path", "check_integer", "check_text"]
 
 _HERE = pathlib.Path(__file__).resolve().parent
 _NAMES = ("libcustody_torch_allocator.so", "libcustody_torch_allocator_host.so")
@@ -31,6 +33,65 @@ class _Stats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "live_bytes", "peak_live_bytes", "reserved_bytes", "peak_reserved_bytes", "live_allocations",
         "allocations", "deallocations", "num_ooms", "held_bytes")]
+
+
+# ---- what the library's C arguments take: every value is checked here, never wrapped by ctypes ----
+
+INT_MAX = (1 << 31) - 1
+U64_MAX = (1 << 64) - 1
+SIZE_MAX = (1 << 63) - 1  # custody_alloc's ssize_t
+# custody_configure's options and the values each takes (device_headroom's 2^64-1 means "not set").
+CONFIGURE_RANGES = {"max_bytes": (0, U64_MAX), "device_headroom": (0, U64_MAX - 1), "tracking": (0, 1)}
+
+
+def check_integer(value, what, lowest, highest):
+    """`value` as an int in lowest .. highest; CustodyError naming `what` otherwise (a float, a
+    bool, a string, or a number out of range, which ctypes would wrap silently)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CustodyError("custody: %s=%r is not an integer" % (what, value))
+    if not lowest <= value <= highest:
+        shown = str(value) if value.bit_length() <= 64 else "a %d-bit number" % value.bit_length()
+        raise CustodyError("custody: %s=%s is outside %d .. %d" % (what, shown, lowest, highest))
+    return value
+
+
+def check_text(value, what):
+    """`value` as the UTF-8 bytes of a C string; CustodyError naming `what` for what is not text,
+    cannot be UTF-8 (a lone surrogate) or holds a NUL (C would cut it there)."""
+    if not isinstance(value, str):
+        raise CustodyError("custody: %s=%r is not text" % (what, value))
+    try:
+        data = value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise CustodyError("custody: %s=%r is not UTF-8 text (%s)" % (what, value, e.reason)) from None
+    if b"\0" in data:
+        raise CustodyError("custody: %s=%r holds a NUL character" % (what, value))
+    return data
+
+
+def _check_path(value, what="path"):
+    """A file path as the C string the library opens (os.fsencode: any name the system can hold)."""
+    try:
+        data = os.fsencode(value)
+    except (TypeError, UnicodeEncodeError) as e:
+        raise CustodyError("custody: %s=%r is not a file path (%s)" % (what, value, e)) from None
+    if b"\0" in data:
+        raise CustodyError("custody: %s=%r holds a NUL character" % (what, value))
+    return data
+
+
+def _device(value, lowest=-1):
+    return check_integer(value, "device", lowest, INT_MAX)
+
+
+def _stream(value):
+    return None if value is None else check_integer(value, "stream", 0, U64_MAX)
+
+
+def _pool_id(value):
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise CustodyError("custody: pool id %r is not a pair of integers" % (value,))
+    return tuple(check_integer(v, "pool id", 0, U64_MAX) for v in value)
 
 
 def library_path():
@@ -105,40 +166,54 @@ class Library:
     def alloc(self, size, device, stream=None):
         """A block of `size` bytes on `device` (an int address); raises OutOfMemoryError or
         CustodyError with the library's message. size 0 returns 0."""
-        address = self._lib.custody_alloc(size, device, stream)
+        check_integer(size, "size", 0, SIZE_MAX)
+        _device(device)
+        _owners.sync(self)
+        address = self._lib.custody_alloc(size, device, _stream(stream))
         if not address and size != 0:
             raise _error_for(self.last_error())
         return address or 0
 
     def free(self, address, size, device, stream=None):
-        self._lib.custody_free(address, size, device, stream)
+        check_integer(address, "address", 0, U64_MAX)
+        check_integer(size, "size", 0, SIZE_MAX)
+        self._lib.custody_free(address, size, _device(device), _stream(stream))
 
     def stats(self, device):
         """custody_torch_stats of `device` as a dict (zeros before its first allocation)."""
         out = _Stats()
-        if self._lib.custody_stats(device, ctypes.byref(out)) != 0:
+        if self._lib.custody_stats(_device(device), ctypes.byref(out)) != 0:
             raise CustodyError("custody: no device %r (%d devices)" % (device, self.device_count))
         return {name: getattr(out, name) for name, _ in _Stats._fields_}
 
     def configure(self, name, value):
-        """Sets an option of the pools before the first allocation (max_bytes, device_headroom)."""
-        self._check(self._lib.custody_configure(name.encode(), int(value)))
+        """Sets an option of the pools before the first allocation: max_bytes (0 .. 2^64-1; 0: no
+        cap), device_headroom (0 .. 2^64-2), tracking (0 or 1). Raises CustodyError naming the
+        option for a value out of its range or not an integer (nothing is set then)."""
+        key = check_text(name, "option name")
+        lowest, highest = CONFIGURE_RANGES.get(name, (0, U64_MAX))
+        if name == "tracking" and isinstance(value, bool):
+            value = int(value)
+        check_integer(value, name, lowest, highest)
+        self._check(self._lib.custody_configure(key, value))
 
     def claim_device(self, device_id, rank, device):
         """Claims the GPU `device_id` for `rank` until the process exits; raises CustodyError naming
         both ranks when another process holds it."""
-        self._check(self._lib.custody_claim_device(device_id.encode(), rank, device))
+        key = check_text(device_id, "device identity")
+        self._check(self._lib.custody_claim_device(key, check_integer(rank, "rank", 0, INT_MAX), _device(device)))
 
     def record_stream(self, address, stream):
         """Work on `stream` uses the block at `address`: reused only after that work."""
-        self._check(self._lib.custody_record_stream(address, stream))
+        check_integer(address, "address", 0, U64_MAX)
+        self._check(self._lib.custody_record_stream(address, _stream(stream)))
 
     def empty_cache(self):
         """Gives cached and held memory back to every device; returns the bytes given back."""
         return self._lib.custody_empty_cache()
 
     def trim(self, device=-1):
-        return self._lib.custody_trim(device)
+        return self._lib.custody_trim(_device(device))
 
     def _text(self, function, *args):
         """The whole text of a function with snprintf semantics (as custody_report). Each call
@@ -159,7 +234,8 @@ class Library:
         return self._text(self._lib.custody_report)
 
     def owner_push(self, name):
-        self._check(self._lib.custody_owner_push(name.encode()))
+        """The library's own per-thread owner stack (custody.owner() is the scope to use)."""
+        self._check(self._lib.custody_owner_push(check_text(name, "owner name")))
 
     def owner_pop(self):
         self._check(self._lib.custody_owner_pop())
@@ -170,7 +246,7 @@ class Library:
     def rank_report(self, device=-1):
         """This rank's tracking report on `device` (tracking on; -1: the first device in use), as
         the dict of docs/debug-report-schema.json."""
-        return json.loads(self._text(self._lib.custody_report_json, device))
+        return json.loads(self._text(self._lib.custody_report_json, _device(device)))
 
     def owners(self, device=-1):
         """Live memory per owner of `device` (tracking on): a list of dicts with owner,
@@ -178,21 +254,24 @@ class Library:
         return self.rank_report(device)["owners"]
 
     def write_report(self, device, path):
-        self._check(self._lib.custody_write_report(device, str(path).encode()))
+        self._check(self._lib.custody_write_report(_device(device), _check_path(path)))
 
     def begin_allocate_to_pool(self, device, pool_id, stream):
         """PyTorch's begin-allocate-to-pool hook: until end_allocate_to_pool, allocations on
         `device` on the streams of the capture `stream` is in (it must be capturing) come from the
         private pool `pool_id` (a pair of ints, PyTorch's MempoolId_t). Raises CustodyError."""
-        self._check(self._lib.custody_begin_allocate_to_pool(device, pool_id[0], pool_id[1], stream))
+        first, second = _pool_id(pool_id)
+        self._check(self._lib.custody_begin_allocate_to_pool(_device(device), first, second, _stream(stream)))
 
     def end_allocate_to_pool(self, device, pool_id):
         """Ends the routing to `pool_id` (after the capture ended); its blocks stay the graph's."""
-        self._check(self._lib.custody_end_allocate_to_pool(device, pool_id[0], pool_id[1]))
+        first, second = _pool_id(pool_id)
+        self._check(self._lib.custody_end_allocate_to_pool(_device(device), first, second))
 
     def release_pool(self, device, pool_id):
         """Drops one hold on `pool_id` (one per begin); with none left its memory goes back."""
-        self._check(self._lib.custody_release_pool(device, pool_id[0], pool_id[1]))
+        first, second = _pool_id(pool_id)
+        self._check(self._lib.custody_release_pool(_device(device), first, second))
 
 
 _loaded = {}

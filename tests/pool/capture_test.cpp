@@ -45,6 +45,10 @@ TEST_CASE("capture pool: release is deferred while blocks are out and refused wh
     pool_type pool(pool_options{}, 0, device_bytes);
     custody_test::case_release_rules(pool);
 }
+TEST_CASE("capture pool: a route abandoned by its release is ended, and trim collects its memory", "[pool][capture]") {
+    pool_type pool(pool_options{}, 0, device_bytes);
+    custody_test::case_abandoned_route(pool);
+}
 TEST_CASE("capture pool: ordinary allocations during a capture are unaffected and keep it valid", "[pool][capture]") {
     pool_type pool(pool_options{}, 0, device_bytes);
     custody_test::case_ordinary_during_capture(pool);

@@ -133,6 +133,10 @@ TEST_CASE("cuda capture pool: release is deferred while blocks are out, refused 
     pool_type pool(capture_options(), 0);
     custody_test::case_release_rules(pool);
 }
+TEST_CASE("cuda capture pool: a route abandoned by its release is ended, and trim collects its memory", "[pool][cuda][graph]") {
+    pool_type pool(capture_options(), 0);
+    custody_test::case_abandoned_route(pool);
+}
 TEST_CASE("cuda capture pool: ordinary allocations during a capture are unaffected and keep it valid", "[pool][cuda][graph]") {
     pool_type pool(capture_options(), 0);
     custody_test::case_ordinary_during_capture(pool);

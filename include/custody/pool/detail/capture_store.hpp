@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -71,13 +72,15 @@ struct capture_figures {
 /// while it holds memory or a route has not been released (holds > 0): release drops one hold, and
 /// a pool without holds gives its wholly free chunks back to the upstream, after a device
 /// synchronization (a replay may still run), as soon as no route is open; a block given back later
-/// frees its chunk the same way.
+/// frees its chunk the same way. An id whose last hold was released is retired: never routed
+/// again. A release while the id's route is open abandons that capture and ends the route.
 ///
 /// The store never records events, never synchronizes while a route is open, and takes chunks
 /// under a relaxed capture mode (cudaMalloc does not touch the capture), so captures stay valid.
 ///
 /// Invariants (under mutex_):
 ///   routes_list_.size() == routes_ ; p.routing <=> exactly one route names p
+///   id in retired_ <=> its last hold was released (then pools_[id], if any, has holds == 0)
 ///   for each pool p: p.reserved = sum of p.chunks = p.block_bytes + p.common.bytes()
 ///                    + sum of p.pending[*].bytes() + p.lost
 ///   p.pending is empty unless p.routing
@@ -132,13 +135,14 @@ public:
     /// Opens a route to pool `id` (made with one hold if new, else given one more hold: a shared
     /// pool). It claims `origin` (the capturing stream, known without a query) and the streams of
     /// its capture, or the streams `filter` accepts. Throws std::invalid_argument when `id` is
-    /// already routed or was released; bad_alloc. Strong.
+    /// already routed or was released (retired, whether its memory is gone or not); bad_alloc.
+    /// Strong.
     void begin_route(capture_pool_id id, filter_type filter, std::optional<stream_type> origin) {
         std::lock_guard lock(mutex_);
+        if (retired_.contains(id)) throw std::invalid_argument("custody: capture pool " + text(id) + " was released");
         auto found = pools_.find(id);
-        if (found != pools_.end()) {
-            if (found->second->routing) throw std::invalid_argument("custody: capture pool " + text(id) + " is already being allocated to");
-            if (found->second->holds == 0) throw std::invalid_argument("custody: capture pool " + text(id) + " was released");
+        if (found != pools_.end() && found->second->routing) {
+            throw std::invalid_argument("custody: capture pool " + text(id) + " is already being allocated to");
         }
         routes_list_.reserve(routes_list_.size() + 1);
         private_pool* p = nullptr;
@@ -160,29 +164,30 @@ public:
     /// has ended. Throws std::invalid_argument when `id` is not routed.
     void end_route(capture_pool_id id) {
         std::lock_guard lock(mutex_);
-        auto r = std::find_if(routes_list_.begin(), routes_list_.end(), [&](const route& x) { return x.pool->id == id; });
-        if (r == routes_list_.end()) throw std::invalid_argument("custody: capture pool " + text(id) + " is not being allocated to");
-        private_pool& p = *r->pool;
-        routes_list_.erase(r);
-        routes_.store(routes_list_.size(), std::memory_order_release);
-        p.routing = false;
-        for (auto& [key, set] : p.pending) {
-            set.drain([&](const free_block& b) { keep_free(p, p.common, b); });
+        auto found = pools_.find(id);
+        if (found == pools_.end() || !found->second->routing) {
+            throw std::invalid_argument("custody: capture pool " + text(id) + " is not being allocated to");
         }
-        p.pending.clear();
+        close_route(*found->second);
         collect();
     }
 
     /// Drops one hold on pool `id`; without holds, its memory goes back to the upstream as it
-    /// becomes free and no route is open. Throws std::invalid_argument when `id` holds nothing
-    /// (never begun, or released as many times as begun).
+    /// becomes free and no route is open, and the id is retired. A release while the id's route is
+    /// open abandons that capture (its graph will never be replayed): the route ends with it, so
+    /// that it keeps neither the stream's allocations private nor trim() from collecting. Throws
+    /// std::invalid_argument when `id` holds nothing (never begun, or released as many times as
+    /// begun); bad_alloc. Strong.
     void release(capture_pool_id id) {
         std::lock_guard lock(mutex_);
         auto found = pools_.find(id);
         if (found == pools_.end() || found->second->holds == 0) {
             throw std::invalid_argument("custody: capture pool " + text(id) + " is not held (released already, or never begun)");
         }
-        --found->second->holds;
+        private_pool& p = *found->second;
+        if (p.holds == 1) retired_.insert(id); // the only step that can throw, taken first
+        if (p.routing) close_route(p);
+        --p.holds;
         collect();
     }
 
@@ -289,6 +294,18 @@ private:
         std::optional<stream_type> origin;
         std::uint64_t capture_id; ///< origin's capture id, asked once when first needed (0: not yet)
     };
+
+    /// Ends p's route (mutex_ held): its streams' allocations are ordinary again, and the blocks
+    /// given back during the capture join p's common set.
+    void close_route(private_pool& p) noexcept {
+        std::erase_if(routes_list_, [&](const route& r) { return r.pool == &p; });
+        routes_.store(routes_list_.size(), std::memory_order_release);
+        p.routing = false;
+        for (auto& [key, set] : p.pending) {
+            set.drain([&](const free_block& b) { keep_free(p, p.common, b); });
+        }
+        p.pending.clear();
+    }
 
     /// The route that claims `stream` (mutex_ held), or nullptr for an ordinary stream.
     route* route_for(stream_type stream, std::size_t bytes) {
@@ -450,6 +467,7 @@ private:
 
     mutable std::mutex mutex_;
     std::map<capture_pool_id, std::unique_ptr<private_pool>> pools_;
+    std::set<capture_pool_id> retired_; ///< ids released for good: one small node per released id
     std::map<std::uintptr_t, private_pool*> chunk_owner_; ///< chunk base -> its pool
     std::vector<route> routes_list_;
     std::atomic<std::size_t> routes_{0};  ///< == routes_list_.size(), read without the lock
