@@ -48,8 +48,21 @@ def lib():
     return custody.library()
 
 
+def host_library_path():
+    """The host build of the allocator library: CUSTODY_LIBRARY's library when it is the host build,
+    else the host build beside it (a build of the CUDA library makes both), else None."""
+    if custody.library().platform == "host":
+        return custody.library_path()
+    beside = pathlib.Path(custody.library_path()).with_name("libcustody_torch_allocator_host.so")
+    return str(beside) if beside.exists() else None
+
+
 @pytest.fixture
-def host_lib(lib):
-    if lib.platform != "host":
+def host_lib(monkeypatch):
+    """The host build (virtual devices), made the library of this process's calls and of the
+    snippets it runs: its cases run wherever the host build is, beside the CUDA build too."""
+    path = host_library_path()
+    if path is None:
         pytest.skip("needs the host build of the allocator library (virtual devices)")
-    return lib
+    monkeypatch.setenv("CUSTODY_LIBRARY", path)
+    return custody.library(path)
