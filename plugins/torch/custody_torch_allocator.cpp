@@ -45,6 +45,24 @@ custody::debug::tracking_resource<tracked_pool>& tracker_of(int device) {
     return r->upstream();
 }
 
+/// Fills *out with pick(the counters of `device`'s resource) of the allocator in service (zeros
+/// before its first allocation): 0, or -1 for a bad device or a failed query.
+template <class Out, class Pick>
+int fill_counters(int device, Out* out, Pick pick) noexcept {
+    return dispatch([&](auto& a) {
+        if (out == nullptr || device < 0 || device >= a.device_count()) return -1;
+        *out = Out{};
+        auto* r = a.find(device);
+        if (r == nullptr) return 0;
+        try {
+            *out = pick(stats_of(*r, a.out_of_memory_count(device)));
+        } catch (const std::exception& e) {
+            return refuse(e.what());
+        }
+        return 0;
+    });
+}
+
 /// The owner scopes this thread opened through custody_owner_push, innermost last.
 std::vector<std::unique_ptr<custody::debug::owner_scope>>& owner_stack() {
     thread_local std::vector<std::unique_ptr<custody::debug::owner_scope>> stack;
@@ -103,33 +121,11 @@ CUSTODY_EXPORT void custody_free(void* ptr, ssize_t size, int device, void* stre
 }
 
 CUSTODY_EXPORT int custody_stats(int device, custody_torch_stats* out) {
-    return dispatch([&](auto& a) {
-        if (out == nullptr || device < 0 || device >= a.device_count()) return -1;
-        *out = custody_torch_stats{};
-        auto* r = a.find(device);
-        if (r == nullptr) return 0;
-        try {
-            *out = stats_of(*r, a.out_of_memory_count(device)).first;
-        } catch (const std::exception& e) {
-            return refuse(e.what());
-        }
-        return 0;
-    });
+    return fill_counters(device, out, [](const auto& counters) { return counters.first; });
 }
 
 CUSTODY_EXPORT int custody_segments(int device, custody_torch_segments* out) {
-    return dispatch([&](auto& a) {
-        if (out == nullptr || device < 0 || device >= a.device_count()) return -1;
-        *out = custody_torch_segments{};
-        auto* r = a.find(device);
-        if (r == nullptr) return 0;
-        try {
-            *out = stats_of(*r, 0).second;
-        } catch (const std::exception& e) {
-            return refuse(e.what());
-        }
-        return 0;
-    });
+    return fill_counters(device, out, [](const auto& counters) { return counters.second; });
 }
 
 CUSTODY_EXPORT int custody_configure(const char* name, uint64_t value) {

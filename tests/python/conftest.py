@@ -43,6 +43,19 @@ def run_script(path, env=None, args=()):
     return done
 
 
+def cuda_torch_missing():
+    """Why the cases that need PyTorch on a GPU cannot run here, or None when they can."""
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed"
+    if custody.library().platform != "cuda":
+        return "CUSTODY_LIBRARY is not the CUDA build"
+    done = run_python("import torch; print(torch.cuda.is_available())", check=False)
+    if done.stdout.strip() != "True":
+        return "no CUDA device"
+    return None
+
+
 @pytest.fixture(scope="session")
 def lib():
     return custody.library()

@@ -13,9 +13,7 @@ import json
 
 import pytest
 
-from conftest import run_python
-
-import custody
+from conftest import cuda_torch_missing, run_python
 
 DECODE = r"""
 import json, sys, time
@@ -128,20 +126,13 @@ with torch.no_grad():
 """
 
 
-def _ready():
-    if importlib.util.find_spec("torch") is None:
-        return "PyTorch is not installed"
+def _missing():
     if importlib.util.find_spec("transformers") is None:
         return "transformers is not installed"
-    if custody.library().platform != "cuda":
-        return "CUSTODY_LIBRARY is not the CUDA build"
-    done = run_python("import torch; print(torch.cuda.is_available())", check=False)
-    if done.stdout.strip() != "True":
-        return "no CUDA device"
-    return None
+    return cuda_torch_missing()
 
 
-@pytest.mark.skipif(_ready() is not None, reason=str(_ready()))
+@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 def test_decode_graphs_for_four_batch_sizes_replay_exactly_under_custody():
     figures = {}
     for allocator in ("custody", "pytorch"):

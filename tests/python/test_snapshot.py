@@ -16,7 +16,6 @@ import pytest
 
 from conftest import ROOT, run_python
 
-import custody
 
 MiB = 1 << 20
 IMPORT = ROOT / "tools" / "custody-import"

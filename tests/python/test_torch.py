@@ -5,23 +5,11 @@ import importlib.util
 
 import pytest
 
-from conftest import ROOT, run_python, run_script
-
-import custody
+from conftest import ROOT, cuda_torch_missing, run_python, run_script
 
 
-def _cuda_ready():
-    if importlib.util.find_spec("torch") is None:
-        return "PyTorch is not installed"
-    if custody.library().platform != "cuda":
-        return "CUSTODY_LIBRARY is not the CUDA build"
-    done = run_python("import torch; print(torch.cuda.is_available())", check=False)
-    if done.stdout.strip() != "True":
-        return "no CUDA device"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_cuda_ready() is not None, reason=str(_cuda_ready()))
+_MISSING = cuda_torch_missing()
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 
 PRELUDE = """
 import torch, custody, custody.torch

@@ -8,7 +8,6 @@ import pytest
 
 from conftest import run_python
 
-import custody
 from custody import _torch_hooks
 
 
