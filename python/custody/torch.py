@@ -27,6 +27,9 @@ wrappers are custody._torch_hooks):
 - torch.cuda.set_per_process_memory_fraction: caps the device's pool.
 - torch.cuda.memory._record_memory_history and _dump_snapshot (which PyTorch refuses for a
   pluggable allocator): custody's history and snapshot, in PyTorch's format (tracking on).
+
+Sleep and wake by owner (sleepable(), sleep(), wake(): custody/torch_sleep.py, docs/sleep.md) need no
+enable(): each owner's tensors live in a torch.cuda.MemPool of custody's sleepable memory.
 """
 
 import contextlib
@@ -38,10 +41,14 @@ from . import memory_snapshot as _snapshots
 from . import stats as _stats
 from ._library import OUT_OF_MEMORY_MARK, CustodyError, library, library_path
 from .ranks import claim_device, rank_info
+from .torch_sleep import (CaptureOpenError, OwnerAsleepError, OwnerAwakeError, SleepError, is_asleep,
+                          release_host_memory, sleep, sleep_stats, sleepable, sleepable_pool, wake)
 from .tracking import LeakWatch, diff, owner, snapshot, write_report
 
 __all__ = ["enable", "enabled", "memory_stats", "memory_summary", "oom_as_torch_error", "on_out_of_memory",
-           "TooLateError", "owner", "snapshot", "diff", "LeakWatch", "write_report", "mem_pool", "mem_pool_stats"]
+           "TooLateError", "owner", "snapshot", "diff", "LeakWatch", "write_report", "mem_pool", "mem_pool_stats",
+           "sleepable", "sleepable_pool", "sleep", "wake", "is_asleep", "sleep_stats", "release_host_memory",
+           "SleepError", "OwnerAsleepError", "OwnerAwakeError", "CaptureOpenError"]
 
 _state = {"lib": None, "options": None}
 
