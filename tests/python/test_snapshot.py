@@ -8,7 +8,9 @@ import importlib.util
 import io
 import json
 import os
+import pathlib
 import pickle
+import shutil
 import subprocess
 import sys
 
@@ -46,6 +48,17 @@ path = custody.dump_snapshot(directory=sys.argv[1])
 live = {str(d): custody.memory_stats(d) for d in (0, 1)}
 print(json.dumps({"path": str(path), "done": done, "stats": live}))
 """
+
+
+def trace_tool():
+    """custody-trace: $CUSTODY_TRACE, else beside $CUSTODY_MERGE (one build's tools), else on PATH."""
+    if os.environ.get("CUSTODY_TRACE"):
+        return os.environ["CUSTODY_TRACE"]
+    if os.environ.get("CUSTODY_MERGE"):
+        beside = pathlib.Path(os.environ["CUSTODY_MERGE"]).with_name("custody-trace")
+        if beside.exists():
+            return str(beside)
+    return shutil.which("custody-trace")
 
 
 @pytest.fixture
@@ -112,9 +125,9 @@ def test_custody_import_reads_the_snapshot_back_event_for_event(snapshot_run, tm
     imported = subprocess.run([sys.executable, str(IMPORT), "pytorch", report["path"], "-o", str(out), "--strict"],
                               capture_output=True, text=True, timeout=120)
     assert imported.returncode == 0, imported.stderr
-    tool = os.environ.get("CUSTODY_TRACE")
-    if not tool:
-        pytest.skip("CUSTODY_TRACE (custody-trace) is not set")
+    tool = trace_tool()
+    if tool is None:
+        pytest.skip("custody-trace is not found (CUSTODY_TRACE, beside CUSTODY_MERGE, PATH)")
     listed = subprocess.run([tool, "csv", str(out)], capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
