@@ -1,8 +1,11 @@
 """The allocator library (plugins/torch/custody_torch_allocator.h) through ctypes.
 
 Works without PyTorch: the package's core reads statistics, trims, claims devices and tells
-errors through this module alone. The library found is, in order: $CUSTODY_LIBRARY, the CUDA build
-installed in the package, the host build installed in the package (virtual devices, for tests)."""
+errors through this module alone. The library found is, in order: $CUSTODY_LIBRARY; the CUDA build
+installed in the package when a CUDA device is present; the host build installed in the package
+(virtual devices: a machine with the CUDA Toolkit and no GPU, a CI runner, a login node);
+the CUDA build when no host build is installed. `library().platform` says which ("cuda" or
+"host"), `library_choice()` why."""
 
 import ctypes
 import json
@@ -12,10 +15,12 @@ import threading
 
 from . import _owners
 
-__all__ = ["CustodyError", "OutOfMemoryError", "Library", "library", "library_path", "check_integer", "check_text"]
+__all__ = ["CustodyError", "OutOfMemoryError", "Library", "library", "library_path", "library_choice",
+           "check_integer", "check_text"]
 
 _HERE = pathlib.Path(__file__).resolve().parent
-_NAMES = ("libcustody_torch_allocator.so", "libcustody_torch_allocator_host.so")
+_CUDA_NAME, _HOST_NAME = "libcustody_torch_allocator.so", "libcustody_torch_allocator_host.so"
+_NAMES = (_CUDA_NAME, _HOST_NAME)
 OUT_OF_MEMORY_MARK = "custody: out of memory"
 
 
@@ -94,17 +99,52 @@ def _pool_id(value):
     return tuple(check_integer(v, "pool id", 0, U64_MAX) for v in value)
 
 
-def library_path():
-    """The path of the library this process uses (see the module's comment)."""
+class _Segments(ctypes.Structure):
+    """custody_torch_segments."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in ("held_blocks", "segments", "device_allocations", "device_frees")]
+
+
+def _as_dict(*structures):
+    return {name: getattr(s, name) for s in structures for name, _ in s._fields_}
+
+
+# custody_out_of_memory_callback: (device, bytes, diagnostics, user)
+_OOM_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p)
+
+
+def _cuda_devices(path):
+    """How many CUDA devices the CUDA build at `path` sees; 0 when it cannot be loaded (no CUDA
+    runtime) or sees none (no driver, no GPU)."""
+    try:
+        lib = ctypes.CDLL(str(path))
+        lib.custody_device_count.restype = ctypes.c_int
+        return max(lib.custody_device_count(), 0)
+    except OSError:
+        return 0
+
+
+def library_choice(directory=None):
+    """(path, why) of the library this process uses (see the module's comment)."""
     explicit = os.environ.get("CUSTODY_LIBRARY")
     if explicit:
-        return explicit
-    for name in _NAMES:
-        candidate = _HERE / name
-        if candidate.exists():
-            return str(candidate)
+        return explicit, "CUSTODY_LIBRARY"
+    directory = pathlib.Path(directory) if directory is not None else _HERE
+    cuda, host = directory / _CUDA_NAME, directory / _HOST_NAME
+    if cuda.exists() and _cuda_devices(cuda) > 0:
+        return str(cuda), "the CUDA build: a CUDA device is present"
+    if host.exists():
+        why = "no CUDA device is present" if cuda.exists() else "no CUDA build is installed"
+        return str(host), "the host build: " + why
+    if cuda.exists():
+        return str(cuda), "the CUDA build: no host build is installed (and no CUDA device is present)"
     raise CustodyError("custody: no allocator library in %s (looked for %s); set CUSTODY_LIBRARY to its path"
-                       % (_HERE, ", ".join(_NAMES)))
+                       % (directory, ", ".join(_NAMES)))
+
+
+def library_path():
+    """The path of the library this process uses (see the module's comment)."""
+    return library_choice()[0]
 
 
 def _error_for(message):
@@ -123,6 +163,7 @@ class Library:
             "custody_alloc": (vp, [ssize_t, c_int, vp]),
             "custody_free": (None, [vp, ssize_t, c_int, vp]),
             "custody_stats": (c_int, [c_int, ctypes.POINTER(_Stats)]),
+            "custody_segments": (c_int, [c_int, ctypes.POINTER(_Segments)]),
             "custody_trim": (size_t, [c_int]),
             "custody_report": (size_t, [ctypes.c_char_p, size_t]),
             "custody_last_error": (ctypes.c_char_p, []),
@@ -140,11 +181,21 @@ class Library:
             "custody_owner_current": (size_t, [ctypes.c_char_p, size_t]),
             "custody_report_json": (ssize_t, [c_int, ctypes.c_char_p, size_t]),
             "custody_write_report": (c_int, [c_int, ctypes.c_char_p]),
+            "custody_set_max_bytes": (c_int, [c_int, u64]),
+            "custody_set_out_of_memory_callback": (c_int, [_OOM_CALLBACK, vp]),
+            "custody_device_name": (ssize_t, [c_int, ctypes.c_char_p, size_t]),
+            "custody_record_history": (c_int, [u64]),
+            "custody_snapshot_pickle": (ssize_t, [ctypes.c_char_p, size_t]),
+            "custody_write_snapshot": (c_int, [ctypes.c_char_p]),
+            "custody_mempool_backings": (ctypes.c_char_p, []),
+            "custody_mempool_stats": (c_int, [ctypes.c_char_p, c_int, ctypes.POINTER(_Stats), ctypes.POINTER(_Segments)]),
         }
         for name, (restype, argtypes) in signatures.items():
             function = getattr(lib, name)
             function.restype = restype
             function.argtypes = argtypes
+
+    _oom_callback = None  # the ctypes function the library calls: kept alive while it is installed
 
     def last_error(self):
         """Why this thread's last failed call failed ("" if it did not)."""
@@ -180,11 +231,13 @@ class Library:
         self._lib.custody_free(address, size, _device(device), _stream(stream))
 
     def stats(self, device):
-        """custody_torch_stats of `device` as a dict (zeros before its first allocation)."""
-        out = _Stats()
-        if self._lib.custody_stats(_device(device), ctypes.byref(out)) != 0:
+        """custody_torch_stats and custody_torch_segments of `device` as one dict (zeros before its
+        first allocation)."""
+        out, segments = _Stats(), _Segments()
+        if self._lib.custody_stats(_device(device), ctypes.byref(out)) != 0 or \
+                self._lib.custody_segments(_device(device), ctypes.byref(segments)) != 0:
             raise CustodyError("custody: no device %r (%d devices)" % (device, self.device_count))
-        return {name: getattr(out, name) for name, _ in _Stats._fields_}
+        return _as_dict(out, segments)
 
     def configure(self, name, value):
         """Sets an option of the pools before the first allocation: max_bytes (0 .. 2^64-1; 0: no
@@ -256,10 +309,57 @@ class Library:
     def write_report(self, device, path):
         self._check(self._lib.custody_write_report(_device(device), _check_path(path)))
 
+    def set_max_bytes(self, device, max_bytes):
+        """Caps `device`'s pool at `max_bytes` from now on (set_per_process_memory_fraction)."""
+        self._check(self._lib.custody_set_max_bytes(_device(device), check_integer(max_bytes, "max_bytes", 0, U64_MAX)))
+
+    def set_out_of_memory_callback(self, callback):
+        """Calls callback(device, bytes, diagnostics) at every out-of-memory, before the failing
+        allocation reports it; None removes it. What the callback raises is printed and dropped."""
+        function = _OOM_CALLBACK() if callback is None else _OOM_CALLBACK(
+            lambda device, size, text, user: callback(device, size, (text or b"").decode("utf-8", "replace")))
+        self._check(self._lib.custody_set_out_of_memory_callback(function, None))
+        type(self)._oom_callback = function
+
+    def device_name(self, device):
+        """The name of `device`'s GPU as custody's claims use it: "GPU-" and its UUID."""
+        return self._text(self._lib.custody_device_name, _device(device, lowest=0))
+
+    def record_history(self, max_entries):
+        """Keeps each device's last `max_entries` allocation events for snapshots (0: none)."""
+        self._check(self._lib.custody_record_history(check_integer(max_entries, "max_entries", 0, U64_MAX)))
+
+    def snapshot_pickle(self):
+        """The memory snapshot in PyTorch's format, as the pickle's bytes (tracking on)."""
+        capacity = 0
+        while True:
+            buffer = ctypes.create_string_buffer(capacity) if capacity else None
+            size = self._lib.custody_snapshot_pickle(buffer, capacity)
+            if size < 0:
+                raise CustodyError(self.last_error())
+            if size <= capacity:
+                return buffer.raw[:size]
+            capacity = size + size // 4 + 4096
+
+    def write_snapshot(self, path):
+        self._check(self._lib.custody_write_snapshot(_check_path(path)))
+
+    @property
+    def mempool_backings(self):
+        """The resources that can back a torch.cuda.MemPool ("pool", "vmm")."""
+        return tuple(self._lib.custody_mempool_backings().decode().split(","))
+
+    def mempool_stats(self, backing, device):
+        """custody_torch_stats of a MemPool backing's resource on `device`, as a dict."""
+        out, segments = _Stats(), _Segments()
+        self._check(self._lib.custody_mempool_stats(check_text(backing, "backing"), _device(device), ctypes.byref(out), ctypes.byref(segments)))
+        return _as_dict(out, segments)
+
     def begin_allocate_to_pool(self, device, pool_id, stream):
-        """PyTorch's begin-allocate-to-pool hook: until end_allocate_to_pool, allocations on
-        `device` on the streams of the capture `stream` is in (it must be capturing) come from the
-        private pool `pool_id` (a pair of ints, PyTorch's MempoolId_t). Raises CustodyError."""
+        """PyTorch's begin-allocate-to-pool hook, called before the capture begins: until
+        end_allocate_to_pool, allocations on `device` on `stream` (the stream about to be captured,
+        not the default stream) and on the streams forked into its capture come from the private pool
+        `pool_id` (a pair of ints, PyTorch's MempoolId_t). Raises CustodyError."""
         first, second = _pool_id(pool_id)
         self._check(self._lib.custody_begin_allocate_to_pool(_device(device), first, second, _stream(stream)))
 

@@ -15,8 +15,9 @@ ENVIRONMENT = {
     "device_headroom": "CUSTODY_DEVICE_HEADROOM",
     "claim_device": "CUSTODY_CLAIM_DEVICE",
     "tracking": "CUSTODY_TRACKING",
+    "stacks": "CUSTODY_STACKS",
 }
-_BOOLEANS = {"claim_device": True, "tracking": False}  # boolean options and their defaults
+_BOOLEANS = {"claim_device": True, "tracking": False, "stacks": False}  # boolean options and their defaults
 
 _UNITS = {"": 1, "k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "t": 1000 ** 4,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}

@@ -111,7 +111,7 @@ public:
     explicit tracking_resource(tracking_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), options_(std::move(options)),
           rank_(options_.rank ? validate_rank(*options_.rank) : detect_rank()), clock_(options_.precise_time),
-          guards_(options_), state_(options_, rank_.rank), violations_(options_, rank_.rank) {
+          guards_(options_), state_(options_, rank_.rank, clock_.start_unix_ns()), violations_(options_, rank_.rank) {
         detail::tracker_registry::instance().add(detail::tracker_entry{this, &registry_lookup});
     }
 
@@ -268,6 +268,21 @@ public:
         return s;
     }
 
+    /// Every live block as the ledger holds it (what debug/pytorch_snapshot.hpp lays out in its
+    /// segments), in no particular order. O(n) in the live blocks; symbolizes nothing.
+    [[nodiscard]] std::vector<live_block> live_blocks() const {
+        std::vector<live_block> blocks;
+        const auto records = state_.live_records();
+        blocks.reserve(records.size());
+        for (const record& r : records) {
+            blocks.push_back(live_block{reinterpret_cast<std::uintptr_t>(r.inner()), r.bytes,
+                                        reinterpret_cast<std::uintptr_t>(r.outer), r.total, r.allocated.owner,
+                                        r.allocated.device, r.allocated.stream,
+                                        clock_.start_unix_ns() + r.allocated.time_ns, r.stack});
+        }
+        return blocks;
+    }
+
     /// The live allocations grouped by owner and call stack.
     [[nodiscard]] leak_report leaks() const { return detail::group_entries(rank_.rank, state_.live_entries()); }
 
@@ -332,6 +347,7 @@ private:
             outer = synchronous ? upstream_.allocate_sync(l.total, alignment)
                                 : upstream_.allocate(stream, l.total, alignment);
         } catch (const out_of_memory& e) {
+            state_.note_out_of_memory(bytes, synchronous ? 0 : platform_type::stream_key(stream), clock_.now_ns());
             throw_out_of_memory(bytes, alignment, std::string("upstream: ") + e.what());
         }
         if (outer == nullptr) throw_out_of_memory(bytes, alignment, "upstream returned null");

@@ -53,6 +53,7 @@
 #include <custody/pool/pool_statistics.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -283,6 +284,19 @@ public:
     /// device synchronization, as soon as it is free and no capture is open in this pool; blocks
     /// still out return it when given back. Throws std::invalid_argument when `id` holds nothing.
     void release_pool(capture_pool_id id) { capture_store_.release(id); }
+    /// A graph capture is routed into the capture-private pools now (begin_allocate_to_pool ..
+    /// end_allocate_to_pool): the layers above must not query, synchronize or record events
+    /// meanwhile (core/detail/layers.hpp). One atomic load.
+    [[nodiscard]] bool capture_underway() const noexcept { return capture_store_.routing(); }
+
+    /// From now on the pool holds at most `bytes` (in place of pool_options::maximum_size, which
+    /// options() still reports): it grows no further beyond them, and a request above them fails
+    /// at once. What it holds beyond them already stays until trimmed. PyTorch's
+    /// set_per_process_memory_fraction, for a pool that serves it. Thread-safe.
+    void set_maximum_size(std::size_t bytes) noexcept {
+        store_.set_maximum(bytes);
+        request_limit_.store(detail::growth_rule(options_).request_limit(bytes), std::memory_order_relaxed);
+    }
 
     /// The device the pool's memory belongs to (the upstream's; -1 when it has none).
     [[nodiscard]] int device() const noexcept { return device_; }
@@ -328,7 +342,7 @@ private:
     [[gnu::always_inline]] void* take_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
         if (!is_pow2(alignment) || alignment > max_alignment) [[unlikely]] check_alignment(alignment, max_alignment);
         if (bytes == 0) return nullptr;
-        if (bytes > request_limit_) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
+        if (bytes > request_limit_.load(std::memory_order_relaxed)) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
         if (capture_store_.watching()) [[unlikely]] {
             if (void* p = capture_store_.allocate(stream, bytes, alignment)) return p;
         }
@@ -582,7 +596,7 @@ private:
     detail::activity_counters activity_;
     detail::shared_store<Upstream> store_;
     detail::stream_caches<Upstream> streams_;
-    std::size_t request_limit_; // larger requests fail at once (limits, budget)
+    std::atomic<std::size_t> request_limit_; // larger requests fail at once (limits, budget)
 
     // store_.reserved() = live block bytes + the shards' cached + shared free + quarantined
     detail::peak_counter peak_;    // live bytes: the shards' counts.live_bytes + slow_'s

@@ -75,8 +75,12 @@ struct capture_figures {
 /// frees its chunk the same way. An id whose last hold was released is retired: never routed
 /// again. A release while the id's route is open abandons that capture and ends the route.
 ///
-/// The store never records events, never synchronizes while a route is open, and takes chunks
-/// under a relaxed capture mode (cudaMalloc does not touch the capture), so captures stay valid.
+/// The store never records events, never synchronizes a stream of the capture, and takes chunks
+/// under a relaxed capture mode (asking the device for its free memory and taking memory do not
+/// touch the capture; CUDA only calls them potentially unsafe), on a stream of its own (never the
+/// default stream: over cudaMallocAsync the legacy default stream takes part implicitly in the
+/// capture of any blocking stream, and work on it would invalidate that capture), so captures stay
+/// valid.
 ///
 /// Invariants (under mutex_):
 ///   routes_list_.size() == routes_ ; p.routing <=> exactly one route names p
@@ -328,7 +332,10 @@ private:
     }
 
     /// Takes a chunk for `size` bytes at `alignment` into p's common set (mutex_ held). Strong.
+    /// Under a relaxed capture mode from the start: the owner's limit may ask the device for its
+    /// free memory (cudaMemGetInfo), as potentially unsafe as taking the memory.
     bool grow(private_pool& p, std::size_t size, std::size_t alignment) {
+        const basic_capture_mode_guard<platform_type> relaxed(capture_mode::relaxed);
         const std::size_t need = size + (alignment > chunk_alignment_ ? alignment - chunk_alignment_ : 0);
         const std::size_t preferred = need <= growth_step_ ? growth_step_ : align_up(need, chunk_rounding);
         const std::size_t tries[2] = {preferred, need}; // the exact need when the preferred chunk is refused
@@ -336,12 +343,7 @@ private:
             const std::size_t n = tries[i];
             if (!may_take_(n)) continue;
             ranges_.reserve(ranges_.size() + 1);
-            void* ptr = nullptr;
-            {
-                // Taking memory does not touch the capture; CUDA only calls it potentially unsafe.
-                basic_capture_mode_guard<platform_type> relaxed(capture_mode::relaxed);
-                ptr = custody::try_allocate(upstream_, stream_type{}, n, chunk_alignment_);
-            }
+            void* ptr = take_chunk(n);
             if (ptr == nullptr) continue;
             const auto base = reinterpret_cast<std::uintptr_t>(ptr);
             try {
@@ -355,7 +357,7 @@ private:
                 }
             } catch (...) {
                 p.chunks.erase(base);
-                upstream_.deallocate(stream_type{}, ptr, n, chunk_alignment_);
+                upstream_.deallocate(growth_stream_->view(), ptr, n, chunk_alignment_);
                 throw;
             }
             ranges_.insert(base, base + n); // room reserved above
@@ -365,6 +367,24 @@ private:
             return true;
         }
         return false;
+    }
+
+    /// `n` bytes from the upstream on the store's own stream (made at the first growth), usable by
+    /// every stream once taken (the stream is synchronized: it runs nothing else); nullptr when the
+    /// upstream has none. Throws what making or synchronizing the stream throws, giving the memory
+    /// back first (mutex_ held, relaxed capture mode).
+    void* take_chunk(std::size_t n) {
+        if (!growth_stream_) growth_stream_.emplace(device_ >= 0 ? device_ : platform_type::current_device());
+        const stream_type on = growth_stream_->view();
+        void* ptr = custody::try_allocate(upstream_, on, n, chunk_alignment_);
+        if (ptr == nullptr) return nullptr;
+        try {
+            platform_type::synchronize(on);
+        } catch (...) {
+            upstream_.deallocate(on, ptr, n, chunk_alignment_);
+            throw;
+        }
+        return ptr;
     }
 
     void keep_free(private_pool& p, free_set& set, const free_block& b) noexcept {
@@ -466,6 +486,7 @@ private:
     const limit_type may_take_;
 
     mutable std::mutex mutex_;
+    std::optional<typename platform_type::stream> growth_stream_; ///< made at the first growth
     std::map<capture_pool_id, std::unique_ptr<private_pool>> pools_;
     std::set<capture_pool_id> retired_; ///< ids released for good: one small node per released id
     std::map<std::uintptr_t, private_pool*> chunk_owner_; ///< chunk base -> its pool

@@ -61,7 +61,12 @@ public:
     /// the device budget: `device_headroom` bytes stay free on the device, as `device` reports it
     /// (memory taken by others counts), or else as device_capacity minus what the pool holds.
     [[nodiscard]] bool allows(std::size_t n, std::size_t reserved, const std::optional<device_memory>& device) const noexcept {
-        if (n > maximum_ || reserved > maximum_ - n) return false;
+        return allows(n, reserved, device, maximum_);
+    }
+    /// The same with `maximum` in place of maximum_size (a limit changed while the pool runs).
+    [[nodiscard]] bool allows(std::size_t n, std::size_t reserved, const std::optional<device_memory>& device,
+                              std::size_t maximum) const noexcept {
+        if (n > maximum || reserved > maximum - n) return false;
         if (device) return device->free >= n && device->free - n >= headroom_;
         if (capacity_ != 0) {
             const std::size_t budget = capacity_ > headroom_ ? capacity_ - headroom_ : 0;
@@ -71,8 +76,10 @@ public:
     }
 
     /// Requests larger than this fail at once: no amount of reclaiming could serve them.
-    [[nodiscard]] std::size_t request_limit() const noexcept {
-        std::size_t limit = std::min(maximum_, SIZE_MAX / 2);
+    [[nodiscard]] std::size_t request_limit() const noexcept { return request_limit(maximum_); }
+    /// The same with `maximum` in place of maximum_size.
+    [[nodiscard]] std::size_t request_limit(std::size_t maximum) const noexcept {
+        std::size_t limit = std::min(maximum, SIZE_MAX / 2);
         if (capacity_ != 0) limit = std::min(limit, capacity_ > headroom_ ? capacity_ - headroom_ : std::size_t{0});
         return limit;
     }

@@ -75,7 +75,7 @@ public:
     /// requested at `chunk_alignment`.
     shared_store(Upstream& upstream, const pool_options& options, int device, std::size_t chunk_alignment)
         : upstream_(upstream), growth_(options), memory_info_(options.memory_info), device_(device),
-          chunk_alignment_(chunk_alignment) {}
+          chunk_alignment_(chunk_alignment), maximum_(options.maximum_size) {}
     shared_store(const shared_store&) = delete;
     shared_store& operator=(const shared_store&) = delete;
 
@@ -207,6 +207,8 @@ public:
     [[nodiscard]] std::size_t reserved() const noexcept { return chunks_.reserved(); }
     /// Whether `n` more bytes may be taken from the upstream now (the limits and the device budget).
     [[nodiscard]] bool may_take(std::size_t n) const { return within_limits(n); }
+    /// From now on the chunks may hold at most `bytes` (in place of options.maximum_size).
+    void set_maximum(std::size_t bytes) noexcept { maximum_.store(bytes, std::memory_order_relaxed); }
 
 private:
     /// What a chunk must hold for a block of `size` at `alignment`, whatever the chunk's own
@@ -233,7 +235,7 @@ private:
         std::optional<device_memory> device;
         if (memory_info_ != nullptr) device = memory_info_(device_);
         if (device) device->free = std::min(device->total, device->free + upstream_retained());
-        return growth_.allows(n, chunks_.reserved(), device);
+        return growth_.allows(n, chunks_.reserved(), device, maximum_.load(std::memory_order_relaxed));
     }
 
     /// The upstream's trim(), when it has one; a failure is reported (the chunks are back all the same).
@@ -296,6 +298,7 @@ private:
     memory_info_function memory_info_;
     int device_;
     std::size_t chunk_alignment_;
+    std::atomic<std::size_t> maximum_; ///< options.maximum_size until set_maximum
     mutable std::mutex mutex_;
     per_kind<free_set> free_; ///< guarded by mutex_
     chunk_map chunks_;
