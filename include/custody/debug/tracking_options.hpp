@@ -64,6 +64,9 @@ struct tracking_options {
     std::size_t kept_samples = 4096;     ///< the most recent timeline samples kept for reports
     bool release_leaks = true;           ///< at destruction, give leaked blocks back to the upstream
     bool precise_time = false;           ///< steady_clock per allocation instead of a coarse (ms) clock
+    /// Name each block after its owner for CUDA's tools (NVTX): compute-sanitizer's leak report
+    /// then says "called decode/kv_cache". Without a tool attached: nothing per call.
+    bool annotate = true;
 };
 
 } // namespace custody::debug
