@@ -157,6 +157,26 @@ TEST_CASE("the last resort gives free chunks back and their heaps are withdrawn 
     CHECK(read().heaps.empty());
 }
 
+TEST_CASE("a pool over another pool: the inner pool's blocks are what the tool sees", "[nvtx][pool]") {
+    clean_slate slate;
+    pool_options o;
+    o.growth_step = 2 * MiB;
+    stream_ordered_pool<pool_type> outer(o, o, 0, device_bytes);
+    custody::host::stream s;
+    void* p = outer.allocate(s, 4096, 256);
+    const auto r = read();
+    // The outer pool's chunk is a block of the inner pool: one region, and the outer's block in it
+    // is not announced again (the tools take no region inside another).
+    REQUIRE(r.regions.size() == 1);
+    const auto& [chunk, region] = *r.regions.begin();
+    CHECK(chunk <= address(p));
+    CHECK(address(p) + 4096 <= chunk + region.size);
+    CHECK(r.heap_bytes() == outer.upstream().statistics().reserved_bytes);
+    outer.deallocate(s, p, 4096, 256);
+    outer.trim();
+    CHECK(read().regions.empty());
+}
+
 TEST_CASE("annotations off: the pool tells the tool nothing", "[nvtx][pool]") {
     clean_slate slate;
     pool_options o;

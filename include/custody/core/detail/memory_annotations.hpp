@@ -19,7 +19,7 @@ namespace custody::detail {
 ///
 /// The switch: on() is false until the resource's first heap, and stays false unless the owner
 /// asked for annotations (`wanted`) and a tool listens. Without a tool every call is one relaxed
-/// load and a branch never taken; the first heap asks NVTX once per process whether a tool is
+/// load and a branch never taken (nothing at all where NVTX is compiled out); the first heap asks NVTX once per process whether a tool is
 /// there, after the upstream handed out memory (so the CUDA runtime is initialized, as
 /// compute-sanitizer requires before any NVTX call). A resource's blocks all come from its heaps,
 /// so none is handed out before on() settles.
@@ -36,7 +36,13 @@ public:
     memory_annotations& operator=(const memory_annotations&) = delete;
 
     /// Whether this resource announces anything: wanted, and a tool listens.
-    [[nodiscard]] bool on() const noexcept { return on_.load(std::memory_order_relaxed); }
+    [[nodiscard]] bool on() const noexcept {
+        if constexpr (nvtx_compiled) {
+            return on_.load(std::memory_order_relaxed);
+        } else {
+            return false; // compiled out: no branch at all
+        }
+    }
     /// Whether the owner asked for annotations (a tool may still be absent).
     [[nodiscard]] bool wanted() const noexcept { return wanted_; }
 

@@ -48,7 +48,8 @@ inline constexpr std::size_t nvtx_name_limit = 49;
 /// named after the heap, and its blocks are not announced one by one.
 ///
 /// Invariants (under mutex_):
-///   heaps_ do not overlap; every region of regions_ lies within one heap of heaps_ that is not whole
+///   heaps_ do not overlap; regions_ do not overlap
+///   every region of regions_ lies within one heap of heaps_ that is not whole
 ///   the tool knows exactly heaps_, regions_ and one region per whole heap
 /// Thread safety: thread-safe (one mutex, held across the call to the tool so that the tool sees the
 /// calls in the table's order). Every member is noexcept: a failure (no memory for the table) skips
@@ -127,13 +128,14 @@ public:
     }
 
     /// Announces the block of `size` bytes at `address`, just handed out. Nothing when it lies in no
-    /// announced heap, or in a whole one.
+    /// announced heap, in a whole one, or in a region already (a pool over another pool's block:
+    /// the inner pool's block is what the tools see).
     void add_region(std::uintptr_t address, std::size_t size) noexcept {
 #if CUSTODY_HAS_NVTX
         if (!listening() || size == 0) return;
         std::lock_guard lock(mutex_);
         const heap* h = heap_of(address);
-        if (h == nullptr || h->whole || regions_.contains(address)) return;
+        if (h == nullptr || h->whole || in_region(address)) return;
         try {
             regions_.emplace(address, size);
         } catch (...) {
@@ -215,6 +217,13 @@ private:
         if (it == heaps_.begin()) return nullptr;
         --it;
         return address < it->first + it->second.size ? &it->second : nullptr;
+    }
+    /// Whether a region holds `address` (mutex_ held).
+    [[nodiscard]] bool in_region(std::uintptr_t address) const noexcept {
+        auto it = regions_.upper_bound(address);
+        if (it == regions_.begin()) return false;
+        --it;
+        return address < it->first + it->second;
     }
     [[nodiscard]] bool overlaps_heap(std::uintptr_t base, std::size_t size) const noexcept {
         auto it = heaps_.lower_bound(base);
