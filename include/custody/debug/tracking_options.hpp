@@ -65,7 +65,8 @@ struct tracking_options {
     bool release_leaks = true;           ///< at destruction, give leaked blocks back to the upstream
     bool precise_time = false;           ///< steady_clock per allocation instead of a coarse (ms) clock
     /// Name each block after its owner for CUDA's tools (NVTX): compute-sanitizer's leak report
-    /// then says "called decode/kv_cache". Without a tool attached: nothing per call.
+    /// then says "called decode/kv_cache". Takes effect when the process names an NVTX tool as the
+    /// tracker is built; otherwise a branch on a constant per allocation.
     bool annotate = true;
 };
 

@@ -96,7 +96,7 @@ namespace custody::debug {
 /// release_leaks, given back to the upstream synchronously (their streams may be gone). The
 /// caller keeps the streams it passes alive until the calls that use them return, as always.
 /// Complexity: allocate and deallocate are O(1) expected (hash maps) plus the guard/poison copies.
-/// CUDA's tools: with tracking_options::annotate and a tool attached through NVTX, each block is
+/// CUDA's tools: with tracking_options::annotate and an NVTX tool named to the process, each block is
 /// named after its owner (the upstream's block, guards included: the region a pool announced, or
 /// an allocation of its own).
 /// Equality: identity.

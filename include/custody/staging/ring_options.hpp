@@ -28,7 +28,8 @@ struct ring_options {
     std::vector<int> devices{};
     /// Announce the ring to CUDA's tools through NVTX: the pinned region as a heap, each region
     /// handed out (reserved, in flight or held) as a region of it until it is reclaimed or given
-    /// back unused. Without a tool attached: a load and a branch per region.
+    /// back unused. Takes effect when the process names an NVTX tool as the ring is built; otherwise
+    /// a branch on a constant per region.
     bool annotate = true;
 };
 

@@ -82,7 +82,7 @@ namespace custody::staging {
 /// not named in the options), never on the hot path.
 /// Complexity: reserve, commit, stage and release are O(1) plus, when room is short, one event
 /// query per region reclaimed. Neither copyable nor movable.
-/// CUDA's tools: with ring_options::annotate and a tool attached through NVTX, the ring's memory is
+/// CUDA's tools: with ring_options::annotate and an NVTX tool named to the process, the ring's memory is
 /// a heap and each region is announced from placement until it is reclaimed or given back unused.
 template <class Upstream>
     requires stream_ordered_resource<Upstream> && has_property<Upstream, host_accessible>

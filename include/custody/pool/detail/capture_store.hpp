@@ -357,7 +357,7 @@ private:
 
     /// Announces a new chunk of `p` to CUDA's tools: a heap that is one region, named after `p`.
     void announce(const private_pool& p, const void* chunk, std::size_t n) noexcept {
-        if (!annotations_.wanted()) return; // spares the name
+        if (!annotations_.on()) return; // spares the name
         try {
             annotations_.heap_taken(chunk, n, "custody capture pool " + text(p.id), /*whole=*/true);
         } catch (...) { // no memory for the name: the chunk goes unannounced
