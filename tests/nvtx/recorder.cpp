@@ -127,17 +127,21 @@ void drop_regions(recorder& r, std::uintptr_t base, std::size_t size) {
     r.regions.erase(first, last);
 }
 
+/// The heap `handle` names (mutex held); a violation of `call` and end() when none.
+std::map<std::uintptr_t, heap_entry>::iterator known_heap(recorder& r, nvtxMemHeapHandle_t handle, const char* call) {
+    const auto base = reinterpret_cast<std::uintptr_t>(handle);
+    auto it = r.heaps.find(base);
+    if (it == r.heaps.end()) r.violation(std::string(call) + ": " + hex(base) + " is no heap");
+    return it;
+}
+
 void NVTX_API heap_unregister(nvtxDomainHandle_t, nvtxMemHeapHandle_t heap) {
     recorder& r = state();
     std::lock_guard lock(r.mutex);
     ++r.calls;
-    const auto base = reinterpret_cast<std::uintptr_t>(heap);
-    auto it = r.heaps.find(base);
-    if (it == r.heaps.end()) {
-        r.violation("heap unregister: " + hex(base) + " is no heap");
-        return;
-    }
-    drop_regions(r, base, it->second.size);
+    auto it = known_heap(r, heap, "heap unregister");
+    if (it == r.heaps.end()) return;
+    drop_regions(r, it->first, it->second.size);
     r.heaps.erase(it);
 }
 
@@ -145,13 +149,9 @@ void NVTX_API heap_reset(nvtxDomainHandle_t, nvtxMemHeapHandle_t heap) {
     recorder& r = state();
     std::lock_guard lock(r.mutex);
     ++r.calls;
-    const auto base = reinterpret_cast<std::uintptr_t>(heap);
-    auto it = r.heaps.find(base);
-    if (it == r.heaps.end()) {
-        r.violation("heap reset: " + hex(base) + " is no heap");
-        return;
-    }
-    r.regions.erase(r.regions.lower_bound(base), r.regions.lower_bound(base + it->second.size));
+    auto it = known_heap(r, heap, "heap reset");
+    if (it == r.heaps.end()) return;
+    r.regions.erase(r.regions.lower_bound(it->first), r.regions.lower_bound(it->first + it->second.size));
 }
 
 void NVTX_API regions_register(nvtxDomainHandle_t, const nvtxMemRegionsRegisterBatch_t* batch) {

@@ -63,8 +63,9 @@ int overflow(bool annotate) {
     constexpr std::size_t n = 1024;
     auto* a = static_cast<unsigned char*>(pool.allocate(s, n, 256));
     auto* b = static_cast<unsigned char*>(pool.allocate(s, n, 256));
-    std::printf("overflow: block %p, next block %p (%s)\n", static_cast<void*>(a), static_cast<void*>(b),
-                a + n == b ? "adjacent: the byte past the first is the second's first" : "not adjacent");
+    std::printf("overflow: block %p, next block %p (%s); NVTX tool named: %s; annotated: %s\n", static_cast<void*>(a),
+                static_cast<void*>(b), a + n == b ? "adjacent: the byte past the first is the second's first" : "not adjacent",
+                custody::detail::nvtx_memory::tool_named() ? "yes" : "no", annotate && custody::detail::nvtx_memory::tool_named() ? "yes" : "no");
     fill<<<1, 256, 0, s.view().get()>>>(a, n + 1); // one byte too many
     EXPECT(cudaGetLastError() == cudaSuccess);
     static_cast<void>(cudaStreamSynchronize(s.view().get())); // a sanitizer error may be reported here

@@ -117,9 +117,7 @@ public:
         std::lock_guard lock(mutex_);
         if (overlaps_heap(base, size)) return; // announced already (a pool over another pool's block)
         char text[nvtx_name_limit + 1];
-        nvtxMemVirtualRangeDesc_t range{};
-        range.ptr = reinterpret_cast<const void*>(base);
-        range.size = size;
+        const nvtxMemVirtualRangeDesc_t range = range_of(base, size);
         nvtxMemHeapDesc_t desc{};
         desc.extCompatID = NVTX_EXT_COMPATID_MEM;
         desc.structSize = sizeof(desc);
@@ -271,10 +269,15 @@ private:
         return heap_of(base) != nullptr;
     }
 
-    void register_region(void* heap_handle, std::uintptr_t address, std::size_t size) noexcept {
+    static nvtxMemVirtualRangeDesc_t range_of(std::uintptr_t address, std::size_t size) noexcept {
         nvtxMemVirtualRangeDesc_t range{};
         range.ptr = reinterpret_cast<const void*>(address);
         range.size = size;
+        return range;
+    }
+
+    void register_region(void* heap_handle, std::uintptr_t address, std::size_t size) noexcept {
+        const nvtxMemVirtualRangeDesc_t range = range_of(address, size);
         nvtxMemRegionsRegisterBatch_t batch{};
         batch.extCompatID = NVTX_EXT_COMPATID_MEM;
         batch.structSize = sizeof(batch);
