@@ -18,6 +18,9 @@ allocation and a free function from Python; its other hooks are reachable from C
   CUDAGraph.pool() names it; graphs sharing a pool share it), reused within the capture and kept
   for the replays until the graph is reset or collected (custody_begin_allocate_to_pool,
   custody_end_allocate_to_pool, custody_release_pool).
+
+Sleep and wake by owner (sleepable(), sleep(), wake(): custody/torch_sleep.py, docs/sleep.md) need no
+enable(): each owner's tensors live in a torch.cuda.MemPool of custody's sleepable memory.
 """
 
 import contextlib
@@ -29,10 +32,14 @@ from . import options as _options
 from . import stats as _stats
 from ._library import OUT_OF_MEMORY_MARK, CustodyError, library, library_path
 from .ranks import claim_device, rank_info
+from .torch_sleep import (CaptureOpenError, OwnerAsleepError, OwnerAwakeError, SleepError, is_asleep,
+                          release_host_memory, sleep, sleep_stats, sleepable, sleepable_pool, wake)
 from .tracking import LeakWatch, diff, owner, snapshot, write_report
 
 __all__ = ["enable", "enabled", "memory_stats", "memory_summary", "oom_as_torch_error", "TooLateError", "owner",
-           "snapshot", "diff", "LeakWatch", "write_report"]
+           "snapshot", "diff", "LeakWatch", "write_report", "sleepable", "sleepable_pool", "sleep", "wake",
+           "is_asleep", "sleep_stats", "release_host_memory", "SleepError", "OwnerAsleepError", "OwnerAwakeError",
+           "CaptureOpenError"]
 
 _state = {"lib": None, "options": None}
 
