@@ -70,6 +70,10 @@ struct tracking_options {
     /// segment_journal under the tracker's pool adds the segments): what a PyTorch memory snapshot
     /// plays back (debug/pytorch_snapshot.hpp). Shared: the caller keeps it to read it.
     std::shared_ptr<allocation_history> history;
+    /// Name each block after its owner for CUDA's tools (NVTX): compute-sanitizer's leak report
+    /// then says "called decode/kv_cache". Takes effect when the process names an NVTX tool as the
+    /// tracker is built; otherwise a branch on a constant per allocation.
+    bool annotate = true;
 };
 
 } // namespace custody::debug

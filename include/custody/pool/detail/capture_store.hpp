@@ -6,6 +6,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/memory_annotations.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/core/statistics.hpp>
@@ -91,7 +92,9 @@ struct capture_figures {
 ///   chunk_owner_ and ranges_ hold exactly the chunks of every pool; reserved_ = sum of p.reserved
 /// Thread safety: thread-safe (one mutex; the common path of the owning pool reads two atomics).
 /// Ownership: owns the private chunks, taken from and given back to the owner's upstream, which
-/// must outlive the store. Complexity: O(log n) per call plus O(routes).
+/// must outlive the store. Each chunk is announced to CUDA's tools as a heap of its own that is one
+/// region end to end, named after its pool: a graph's replays touch every block its capture
+/// allocated, given back during the capture or not, long after the host's calls. Complexity: O(log n) per call plus O(routes).
 template <stream_ordered_resource Upstream>
 class capture_store {
 public:
@@ -106,9 +109,9 @@ public:
     static constexpr std::size_t chunk_rounding = std::size_t{2} << 20;
 
     capture_store(Upstream& upstream, int device, std::size_t chunk_alignment, std::size_t growth_step,
-                  capture_check check, limit_type may_take)
+                  capture_check check, limit_type may_take, custody::detail::memory_annotations& annotations)
         : upstream_(upstream), device_(device), chunk_alignment_(chunk_alignment), growth_step_(growth_step),
-          every_call_(check == capture_check::every_call), may_take_(std::move(may_take)) {}
+          every_call_(check == capture_check::every_call), may_take_(std::move(may_take)), annotations_(annotations) {}
     capture_store(const capture_store&) = delete;
     capture_store& operator=(const capture_store&) = delete;
 
@@ -122,6 +125,7 @@ public:
             report_failure("stream_ordered_pool: synchronizing the device failed before giving capture memory back");
         }
         for (auto& [base, pool] : chunk_owner_) {
+            annotations_.heap_returned(reinterpret_cast<void*>(base));
             upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), pool->chunks.at(base), chunk_alignment_);
         }
     }
@@ -361,6 +365,7 @@ private:
                 throw;
             }
             ranges_.insert(base, base + n); // room reserved above
+            announce(p, ptr, n);
             p.reserved += n;
             reserved_.fetch_add(n, std::memory_order_relaxed);
             ++upstream_allocations_;
@@ -385,6 +390,15 @@ private:
             throw;
         }
         return ptr;
+    }
+
+    /// Announces a new chunk of `p` to CUDA's tools: a heap that is one region, named after `p`.
+    void announce(const private_pool& p, const void* chunk, std::size_t n) noexcept {
+        if (!annotations_.on()) return; // spares the name
+        try {
+            annotations_.heap_taken(chunk, n, "custody capture pool " + text(p.id), /*whole=*/true);
+        } catch (...) { // no memory for the name: the chunk goes unannounced
+        }
     }
 
     void keep_free(private_pool& p, free_set& set, const free_block& b) noexcept {
@@ -437,6 +451,7 @@ private:
                 ranges_.erase(b.address);
                 p->reserved -= b.size;
                 reserved_.fetch_sub(b.size, std::memory_order_relaxed);
+                annotations_.heap_returned(reinterpret_cast<void*>(b.address));
                 upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(b.address), b.size, chunk_alignment_);
                 ++upstream_deallocations_;
                 given += b.size;
@@ -484,6 +499,7 @@ private:
     const std::size_t growth_step_;
     const bool every_call_;
     const limit_type may_take_;
+    custody::detail::memory_annotations& annotations_;
 
     mutable std::mutex mutex_;
     std::optional<typename platform_type::stream> growth_stream_; ///< made at the first growth
