@@ -36,6 +36,7 @@ import contextlib
 import os
 
 from . import _torch_hooks
+from ._torch_hooks import device_index as _device_index
 from . import options as _options
 from . import memory_snapshot as _snapshots
 from . import stats as _stats
@@ -217,18 +218,9 @@ def mem_pool_stats(backing="pool", device=None):
     import torch
 
     lib = library()
-    index = torch.cuda.current_device() if device is None else _device_index(torch, device)
+    index = _device_index(torch, device)
     raw = lib.mempool_stats(backing, index)
     return {key: _stats.PYTORCH_KEYS[key](raw) for key in sorted(_stats.PYTORCH_KEYS)}
-
-
-def _device_index(torch, device):
-    if device is None:
-        return torch.cuda.current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def memory_stats(device=None):

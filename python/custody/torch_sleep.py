@@ -27,6 +27,7 @@ torch.cuda.empty_cache() first to give them back instead."""
 import contextlib
 
 from . import sleepable as _sleepable
+from ._torch_hooks import device_index as _device_index
 from ._library import library, library_path
 from .tracking import owner as _owner_scope
 
@@ -42,15 +43,6 @@ CaptureOpenError = _sleepable.CaptureOpenError
 
 _pools = {}
 _allocator = {}
-
-
-def _device_index(torch, device):
-    if device is None:
-        return torch.cuda.current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _pluggable_allocator(torch):
