@@ -115,6 +115,25 @@ def install_capture(torch, lib):
     setattr(graph, end_name, capture_end)
 
 
+_allocators = {}
+
+
+def pluggable_allocator(torch, path, alloc_name, free_name):
+    """The CUDAPluggableAllocator over `alloc_name` and `free_name` of the library at `path`, made once
+    and kept for the process (PyTorch calls its functions for as long as a MemPool over it lives).
+    Raises CustodyError unless `path` is the CUDA build: a MemPool hands its memory to CUDA kernels."""
+    from ._library import library
+
+    key = (str(path), alloc_name, free_name)
+    if key not in _allocators:
+        lib = library(path)
+        if lib.platform != "cuda":
+            raise CustodyError("custody: %s is the %s build of the allocator library; a MemPool needs the CUDA build"
+                               % (path, lib.platform))
+        _allocators[key] = torch.cuda.memory.CUDAPluggableAllocator(str(path), alloc_name, free_name)
+    return _allocators[key]
+
+
 def device_index(torch, device):
     """The index of `device` (None: the current device; an int, a torch.device or a text such as
     "cuda:1"; "cuda" alone: the current device)."""
