@@ -7,6 +7,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 from ._library import CustodyError
 
@@ -14,16 +15,19 @@ __all__ = ["merge_program", "merge", "main"]
 
 
 def merge_program():
-    """The path of the custody-merge program ($CUSTODY_MERGE, the package's, then PATH's)."""
+    """The path of the custody-merge program ($CUSTODY_MERGE, the package's, the one installed beside
+    this interpreter, then PATH's)."""
     explicit = os.environ.get("CUSTODY_MERGE")
     if explicit:
         return explicit
     bundled = pathlib.Path(__file__).resolve().parent / "custody-merge"
     if bundled.exists():
         return str(bundled)
-    found = shutil.which("custody-merge")
-    if found and pathlib.Path(found).resolve() != pathlib.Path(sys.argv[0]).resolve():
-        return found
+    # Where pip installed it beside this interpreter (a virtual environment used without activating it).
+    installed = pathlib.Path(sysconfig.get_path("scripts")) / "custody-merge"
+    for found in (str(installed) if installed.exists() else None, shutil.which("custody-merge")):
+        if found and pathlib.Path(found).resolve() != pathlib.Path(sys.argv[0]).resolve():
+            return found
     raise CustodyError("custody: custody-merge not found (not in the package, not on PATH); set CUSTODY_MERGE")
 
 

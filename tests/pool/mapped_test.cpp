@@ -343,6 +343,7 @@ TEST_CASE("over virtual memory a seeded workload matches a reference model exact
                 pool.trim();
             }
             if (op % 2000 == 0) check_accounting(pool);
+            if (op % 97 == 0) check_announced(pool, live);
             const auto s = pool.statistics();
             REQUIRE(s.live_bytes == live_bytes);
             REQUIRE(s.live_allocations == live.size());

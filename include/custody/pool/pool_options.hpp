@@ -17,12 +17,15 @@ namespace custody::pool {
 /// cudaMemPoolReuse* attributes. On its own stream a block is reusable at once, under every policy:
 /// work on A after the allocation is ordered after the work before the free.
 enum class reuse_policy {
-    /// Never across streams while the pool runs normally (cudaMemPool with every reuse attribute
-    /// off). Only the last resort before failing (it waits for A's work on the host) moves such
-    /// blocks to other streams.
+    /// Never across streams without a host wait (cudaMemPool with every reuse attribute off):
+    /// when the pool would grow while other streams hold at least max(request, reserve / 8) in
+    /// covered blocks, it waits on the host for the stream holding the most and takes its blocks,
+    /// so that a producer/consumer pair stays bounded; the last resort before failing does the same
+    /// for every stream.
     same_stream,
     /// B may take A's blocks once A's work up to the free has finished, as seen by a non-blocking
-    /// event query (cudaMemPoolReuseAllowOpportunistic). Never makes a stream wait.
+    /// event query (cudaMemPoolReuseAllowOpportunistic). Never makes a stream wait; before growing
+    /// it waits on the host as same_stream does.
     opportunistic,
     /// As opportunistic, and when that finds nothing, B is made to wait for A's event (a stream
     /// wait, no host synchronization) and takes the block at once
@@ -133,6 +136,16 @@ struct pool_options {
     /// How the pool learns that a stream is being captured into a graph (see capture_check):
     /// by default from the captures it is told of, without a platform query per call.
     capture_check check_capture = capture_check::scopes;
+
+    /// Announce the pool's memory to CUDA's tools through NVTX (docs/debug.md, "debugging a pool
+    /// with CUDA's tools"): each chunk as a heap, each block as a region while it is handed out, so
+    /// that compute-sanitizer catches a kernel that writes past a block into its neighbour and names
+    /// leaked blocks. Takes effect when the process names an NVTX tool (NVTX_INJECTION64_PATH, set
+    /// by compute-sanitizer and Nsight Systems) as the pool is built; otherwise it costs nothing per
+    /// call: the fast path's one branch for checked mode covers it (measured: pair/pool_nvtx beside
+    /// pair/pool_without_nvtx in docs/benchmarks.md). Compiled in where <nvtx3/nvToolsExtMem.h> is
+    /// on the include path (the CUDA Toolkit's) and CUSTODY_DISABLE_NVTX is not defined.
+    bool annotate = true;
 };
 
 } // namespace custody::pool

@@ -6,6 +6,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/memory_annotations.hpp>
 #include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/chunk_map.hpp>
 #include <custody/pool/detail/free_set.hpp>
@@ -46,8 +47,10 @@ public:
     static constexpr bool keeps_tails = true;
     static constexpr std::size_t chunk_alignment = chunk_alignment_of<Upstream>();
 
-    chunked_growth(Upstream& upstream, const pool_options& options, int device)
-        : upstream_(upstream), budget_(upstream, options, device) {}
+    /// Over `upstream`, announcing each chunk to CUDA's tools through `annotations` (both outlive it).
+    chunked_growth(Upstream& upstream, const pool_options& options, int device,
+                   custody::detail::memory_annotations& annotations)
+        : upstream_(upstream), budget_(upstream, options, device), annotations_(annotations) {}
 
     [[nodiscard]] const chunk_map& chunks() const noexcept { return chunks_; }
     [[nodiscard]] std::size_t reserved() const noexcept { return chunks_.reserved(); }
@@ -55,6 +58,7 @@ public:
     [[nodiscard]] std::size_t peak_reserved() const noexcept { return chunks_.peak_reserved(); }
     [[nodiscard]] bool may_take(std::size_t n) const { return budget_.allows(n, chunks_.reserved()); }
     [[nodiscard]] const device_budget<Upstream>& budget() const noexcept { return budget_; }
+    void set_maximum(std::size_t bytes) noexcept { budget_.set_maximum(bytes); }
 
     /// Takes a chunk of `kind` into `sets` so that a block of `size` at `alignment` fits: the growth
     /// rule's size, else exactly what the block needs. Its size follows the reserve of its own kind:
@@ -78,6 +82,7 @@ public:
             const auto whole = [&](std::uintptr_t address, std::size_t size) { return chunks_.is_whole(address, size); };
             set.take_whole_chunks(whole, [&](const free_block& b) {
                 chunks_.remove(b.address);
+                annotations_.heap_returned(reinterpret_cast<void*>(b.address));
                 upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(b.address), b.size, chunk_alignment);
                 released += b.size;
             });
@@ -89,6 +94,7 @@ public:
     /// Gives every chunk back to the upstream, free or not (the pool's end).
     void release_all() noexcept {
         chunks_.for_each([&](std::uintptr_t base, std::size_t size) {
+            annotations_.heap_returned(reinterpret_cast<void*>(base));
             upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), size, chunk_alignment);
         });
     }
@@ -120,11 +126,13 @@ private:
             upstream_.deallocate(stream_type{}, p, n, chunk_alignment);
             throw;
         }
+        annotations_.heap_taken(p, n, "custody stream_ordered_pool");
         return true;
     }
 
     Upstream& upstream_;
     device_budget<Upstream> budget_;
+    custody::detail::memory_annotations& annotations_;
     chunk_map chunks_;
 };
 

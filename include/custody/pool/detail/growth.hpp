@@ -11,6 +11,7 @@
 #include <custody/pool/pool_options.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -66,7 +67,12 @@ public:
     /// the device budget: `device_headroom` bytes stay free on the device, as `device` reports it
     /// (memory taken by others counts), or else as device_capacity minus what the pool holds.
     [[nodiscard]] bool allows(std::size_t n, std::size_t reserved, const std::optional<device_memory>& device) const noexcept {
-        if (n > maximum_ || reserved > maximum_ - n) return false;
+        return allows(n, reserved, device, maximum_);
+    }
+    /// The same with `maximum` in place of maximum_size (a limit changed while the pool runs).
+    [[nodiscard]] bool allows(std::size_t n, std::size_t reserved, const std::optional<device_memory>& device,
+                              std::size_t maximum) const noexcept {
+        if (n > maximum || reserved > maximum - n) return false;
         if (device) return device->free >= n && device->free - n >= headroom_;
         if (capacity_ != 0) {
             const std::size_t budget = capacity_ > headroom_ ? capacity_ - headroom_ : 0;
@@ -76,8 +82,10 @@ public:
     }
 
     /// Requests larger than this fail at once: no amount of reclaiming could serve them.
-    [[nodiscard]] std::size_t request_limit() const noexcept {
-        std::size_t limit = std::min(maximum_, SIZE_MAX / 2);
+    [[nodiscard]] std::size_t request_limit() const noexcept { return request_limit(maximum_); }
+    /// The same with `maximum` in place of maximum_size.
+    [[nodiscard]] std::size_t request_limit(std::size_t maximum) const noexcept {
+        std::size_t limit = std::min(maximum, SIZE_MAX / 2);
         if (capacity_ != 0) limit = std::min(limit, capacity_ > headroom_ ? capacity_ - headroom_ : std::size_t{0});
         return limit;
     }
@@ -109,7 +117,8 @@ template <stream_ordered_resource Upstream>
 class device_budget {
 public:
     device_budget(Upstream& upstream, const pool_options& options, int device)
-        : upstream_(upstream), rule_(options), memory_info_(options.memory_info), device_(device) {}
+        : upstream_(upstream), rule_(options), memory_info_(options.memory_info), device_(device),
+          maximum_(options.maximum_size) {}
 
     [[nodiscard]] const growth_rule& rule() const noexcept { return rule_; }
     [[nodiscard]] int device() const noexcept { return device_; }
@@ -120,8 +129,10 @@ public:
         std::optional<device_memory> device;
         if (memory_info_ != nullptr) device = memory_info_(device_);
         if (device) device->free = std::min(device->total, device->free + upstream_retained());
-        return rule_.allows(n, reserved, device);
+        return rule_.allows(n, reserved, device, maximum_.load(std::memory_order_relaxed));
     }
+    /// From now on the pool may hold at most `bytes` (in place of options.maximum_size).
+    void set_maximum(std::size_t bytes) noexcept { maximum_.store(bytes, std::memory_order_relaxed); }
 
     /// Bytes the upstream keeps for itself of what was given back to it (a driver pool's reserve
     /// beyond its live blocks), when it can tell (`Upstream::retained_bytes()`); else 0.
@@ -149,6 +160,7 @@ private:
     growth_rule rule_;
     memory_info_function memory_info_;
     int device_;
+    std::atomic<std::size_t> maximum_; ///< options.maximum_size until set_maximum
 };
 
 } // namespace custody::pool::detail

@@ -6,6 +6,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/memory_annotations.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/chunk_map.hpp>
@@ -61,8 +62,12 @@ public:
     static constexpr bool keeps_tails = false;
     static constexpr std::size_t chunk_alignment = granule;
 
-    mapped_growth(Upstream& upstream, const pool_options& options, int device)
-        : upstream_(upstream), budget_(upstream, options, device),
+    /// Over `upstream`, announcing its two regions to CUDA's tools as heaps through `annotations`
+    /// at the first map (both outlive it): a block may span granules mapped at different times, and
+    /// a tool wants each block inside one heap.
+    mapped_growth(Upstream& upstream, const pool_options& options, int device,
+                  custody::detail::memory_annotations& annotations)
+        : upstream_(upstream), budget_(upstream, options, device), annotations_(annotations),
           space_(reinterpret_cast<std::uintptr_t>(upstream.base()), upstream.reserved_bytes(), upstream.granularity()),
           keep_(options.release_threshold) {
         for (block_kind k : block_kinds) chunks_.add(space_.region(k).address, space_.region(k).bytes, k);
@@ -81,6 +86,7 @@ public:
     [[nodiscard]] std::size_t peak_reserved() const noexcept { return space_.peak_mapped(); }
     [[nodiscard]] bool may_take(std::size_t n) const { return budget_.allows(n, space_.mapped()); }
     [[nodiscard]] const device_budget<Upstream>& budget() const noexcept { return budget_; }
+    void set_maximum(std::size_t bytes) noexcept { budget_.set_maximum(bytes); }
     [[nodiscard]] std::size_t release_threshold() const noexcept { return keep_; }
 
     /// Maps granules into region `kind` so that a block of `size` at `alignment` fits in
@@ -152,6 +158,9 @@ public:
 
     /// Unmaps everything mapped, free or not (the pool's end).
     void release_all() noexcept {
+        if (announced_) {
+            for (block_kind k : block_kinds) annotations_.heap_returned(reinterpret_cast<void*>(space_.region(k).address));
+        }
         for (block_kind k : block_kinds) {
             std::vector<address_run> runs;
             try {
@@ -187,6 +196,7 @@ private:
         void* p = reinterpret_cast<void*>(run.address);
         if (!upstream_.map_at(p, run.bytes)) return false;
         ++map_calls_;
+        if (!announced_) announce();
         try {
             space_.mapping(kind, run);
         } catch (...) {
@@ -224,6 +234,16 @@ private:
         return done;
     }
 
+    /// Tells CUDA's tools that the two regions are the pool's heaps: after the first map, so that
+    /// the runtime is up (blocks are only ever cut from mapped granules); withdrawn at the end.
+    void announce() noexcept {
+        announced_ = true;
+        for (block_kind k : block_kinds) {
+            annotations_.heap_taken(reinterpret_cast<void*>(space_.region(k).address), space_.region(k).bytes,
+                                    "custody stream_ordered_pool");
+        }
+    }
+
     void unmap_now(void* p, std::size_t bytes) noexcept {
         ++unmap_calls_;
         if (!upstream_.unmap_at(p, bytes)) {
@@ -233,6 +253,8 @@ private:
 
     Upstream& upstream_;
     device_budget<Upstream> budget_;
+    custody::detail::memory_annotations& annotations_;
+    bool announced_ = false; ///< the regions are heaps (from the first map on)
     mapped_space space_;
     chunk_map chunks_; ///< the two regions
     std::size_t keep_; ///< release_threshold

@@ -5,6 +5,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/memory_annotations.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/chunk_map.hpp>
@@ -57,6 +58,8 @@ using growth_of = typename growth_choice<Upstream>::type;
 /// Thread safety: thread-safe; one mutex for the free spans and the growth (taken after a shard's
 /// lock is released, never with it), then the chunk map's. Ownership: the growth holds the memory
 /// (given back by release_free_chunks and release_all), not the upstream, which must outlive it.
+/// Announces the memory it takes to CUDA's tools as heaps (memory_annotations,
+/// the pool's; see the growth types).
 /// Complexity: O(log n) per take or insert; growing costs an upstream call or a few (and the
 /// memory query).
 template <stream_ordered_resource Upstream>
@@ -68,9 +71,11 @@ public:
     static constexpr bool maps = mapping_upstream<Upstream>;
     static constexpr std::size_t chunk_alignment = growth_type::chunk_alignment;
 
-    /// Over `upstream`, with validated `options`, for memory of `device` (-1: none).
-    shared_store(Upstream& upstream, const pool_options& options, int device)
-        : growth_(upstream, options, device), initial_(align_up(options.initial_size, granule)) {
+    /// Over `upstream`, with validated `options`, for memory of `device` (-1: none); the memory it
+    /// takes is announced through `annotations` (which outlives the store).
+    shared_store(Upstream& upstream, const pool_options& options, int device,
+                 custody::detail::memory_annotations& annotations)
+        : growth_(upstream, options, device, annotations), initial_(align_up(options.initial_size, granule)) {
         if constexpr (maps) growth_.prepare(free_);
     }
     shared_store(const shared_store&) = delete;
@@ -231,6 +236,8 @@ public:
     [[nodiscard]] std::size_t peak_reserved() const noexcept { return growth_.peak_reserved(); }
     /// Whether `n` more bytes may be taken from the upstream now (the limits and the device budget).
     [[nodiscard]] bool may_take(std::size_t n) const { return growth_.may_take(n); }
+    /// From now on the pool may hold at most `bytes` (in place of options.maximum_size).
+    void set_maximum(std::size_t bytes) noexcept { growth_.set_maximum(bytes); }
 
 private:
     taken_block take_locked(block_kind kind, std::size_t size, std::size_t alignment, bool with_tail) {
