@@ -109,9 +109,13 @@ std::unique_ptr<Resource> make_resource(int device) {
         return std::make_unique<Resource>(tracker..., options, device);
     };
 #else
+    // The virtual device is as large as the cap, so the cap is all the pool may hold: no headroom
+    // beside it unless one was configured.
     const std::size_t capacity = options.maximum_size != SIZE_MAX ? options.maximum_size : std::size_t{8} << 30;
+    custody::pool::pool_options host_options = options;
+    if (configured_headroom.load() == SIZE_MAX) host_options.device_headroom = 0;
     const auto make = [&](auto&&... tracker) {
-        return std::make_unique<Resource>(tracker..., options, device, capacity);
+        return std::make_unique<Resource>(tracker..., host_options, device, capacity);
     };
 #endif
     if constexpr (std::is_same_v<Resource, tracked_resource>) {

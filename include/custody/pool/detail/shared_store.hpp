@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -208,7 +209,21 @@ public:
     /// Whether `n` more bytes may be taken from the upstream now (the limits and the device budget).
     [[nodiscard]] bool may_take(std::size_t n) const { return within_limits(n); }
 
+    /// The limits that stopped a request of `bytes`, for out_of_memory (growth_rule::describe_limits).
+    [[nodiscard]] std::string describe_limits(std::size_t bytes) const {
+        return growth_.describe_limits(bytes, chunks_.reserved(), device_memory_now());
+    }
+
 private:
+    /// The device's memory now (options.memory_info), what the upstream retains counted as free;
+    /// nothing when the pool cannot ask.
+    [[nodiscard]] std::optional<device_memory> device_memory_now() const {
+        std::optional<device_memory> device;
+        if (memory_info_ != nullptr) device = memory_info_(device_);
+        if (device) device->free = std::min(device->total, device->free + upstream_retained());
+        return device;
+    }
+
     /// What a chunk must hold for a block of `size` at `alignment`, whatever the chunk's own
     /// alignment.
     [[nodiscard]] std::size_t need(std::size_t size, std::size_t alignment) const noexcept {
@@ -230,10 +245,7 @@ private:
     /// options.memory_info is set). What the upstream retains counts as free: the next chunk comes
     /// from it first.
     [[nodiscard]] bool within_limits(std::size_t n) const {
-        std::optional<device_memory> device;
-        if (memory_info_ != nullptr) device = memory_info_(device_);
-        if (device) device->free = std::min(device->total, device->free + upstream_retained());
-        return growth_.allows(n, chunks_.reserved(), device);
+        return growth_.allows(n, chunks_.reserved(), device_memory_now());
     }
 
     /// The upstream's trim(), when it has one; a failure is reported (the chunks are back all the same).
