@@ -47,6 +47,7 @@
 #include <custody/debug/owner_scope.hpp>
 #include <custody/debug/report.hpp>
 #include <custody/debug/tracking_options.hpp>
+#include <custody/platform/platform.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -216,11 +217,7 @@ public:
         const auto uses = state_.uses_of(ptr);
         if (!uses) throw_not_live(ptr);
         for (int i = 0; i < uses->count; ++i) {
-            const stream_type u = uses->streams[static_cast<std::size_t>(i)];
-            if (u == free_stream) continue;
-            typename platform_type::event e(platform_type::stream_device(u));
-            e.record(u);
-            platform_type::wait(free_stream, e);
+            order_after<platform_type>(uses->streams[static_cast<std::size_t>(i)], free_stream);
         }
         declare_ordered(ptr, free_stream);
     }

@@ -43,7 +43,7 @@
 ///
 /// The `platform` concept below checks the shape; docs/platform.md explains the semantics.
 /// run_exit_tolerant<P> is how every noexcept path (a destructor, a deallocate) runs a platform
-/// operation that may fail.
+/// operation that may fail; order_after<P>(first, then) orders one stream after another's work.
 #pragma once
 
 #include <custody/core/failure_callback.hpp>
@@ -129,6 +129,18 @@ bool run_exit_tolerant(std::string_view what, Step&& step) noexcept {
         report("an unknown exception");
     }
     return false;
+}
+
+/// Makes the work enqueued on `then` from now on wait for the work enqueued on `first` so far: an
+/// event recorded on `first`, waited on by `then`, without blocking the host; nothing when they are
+/// one stream. Creates an event, so it is for a one-time ordering (a buffer's first use on another
+/// stream, a block freed on another stream than its users'), not for a hot loop.
+template <class Platform>
+void order_after(typename Platform::stream_view first, typename Platform::stream_view then) {
+    if (first == then) return;
+    typename Platform::event e(Platform::stream_device(first));
+    e.record(first);
+    Platform::wait(then, e);
 }
 
 /// Makes a device current for a scope and restores the previous one on exit, on any platform.
