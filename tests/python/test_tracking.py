@@ -74,6 +74,19 @@ def test_leak_watch_alarms_on_threshold_and_on_steady_growth_only():
         with custody.owner("cache"):
             blocks.append(lib.alloc(1 << 20, 0))
         assert [a["owner"] for a in limit.check()] == ["cache"]
+        # The meaning of a C++ watch: once per crossing, re-armed at or below the threshold; a
+        # growth alarm once per run of growth.
+        assert limit.check() == []                   # still above: no second alarm
+        assert growth.check() == []                  # a third growth in a row: the run already raised one
+        lib.free(blocks.pop(), 1 << 20, 0)           # back to 3 MiB: re-armed
+        assert limit.check() == [] and growth.check() == []
+        with custody.owner("cache"):
+            blocks.append(lib.alloc(1 << 20, 0))
+        assert [a["reason"] for a in limit.check()] == ["above %d bytes" % (3 << 20)]
+        assert growth.check() == []                  # grew once since the run ended
+        with custody.owner("cache"):
+            blocks.append(lib.alloc(1 << 20, 0))
+        assert [a["owner"] for a in growth.check()] == ["cache"]
         assert all(a["owner"] != "steady" for a in alarms)
         records = []
         handler = logging.Handler(); handler.emit = records.append
