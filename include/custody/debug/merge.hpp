@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -29,6 +30,7 @@ struct cross_rank_view {
     std::vector<std::string> owners;               ///< sorted
     std::vector<std::vector<std::size_t>> bytes;   ///< [owner][rank]
     std::vector<std::size_t> rank_totals;          ///< [rank]: live bytes of the rank
+    std::vector<std::optional<upstream_usage>> upstream; ///< [rank]: the rank's upstream (pool), when reported
 
     [[nodiscard]] std::size_t max_of(std::size_t owner) const {
         return *std::max_element(bytes[owner].begin(), bytes[owner].end());
@@ -150,8 +152,10 @@ inline std::string describe_missing(const std::vector<int>& present, int world_s
     v.owners.assign(owners.begin(), owners.end());
     v.bytes.assign(v.owners.size(), std::vector<std::size_t>(static_cast<std::size_t>(v.world_size), 0));
     v.rank_totals.assign(static_cast<std::size_t>(v.world_size), 0);
+    v.upstream.assign(static_cast<std::size_t>(v.world_size), std::nullopt);
     for (const rank_report& r : reports) {
         const auto rank = static_cast<std::size_t>(r.rank.rank);
+        v.upstream[rank] = r.upstream;
         for (const auto& o : r.owners) {
             const auto at = static_cast<std::size_t>(
                 std::lower_bound(v.owners.begin(), v.owners.end(), o.owner) - v.owners.begin());
@@ -162,10 +166,60 @@ inline std::string describe_missing(const std::vector<int>& present, int world_s
     return v;
 }
 
+namespace detail {
+
+/// The rows of the ranks' upstreams (pools), under the owners' table, in its columns: reserved
+/// and live bytes, peak reserved / peak live, the largest free block ("-" where a rank did not
+/// report it); "" when no rank reported its upstream.
+inline std::string format_upstream_rows(const cross_rank_view& v, std::size_t width) {
+    const auto reported = [](const std::optional<upstream_usage>& u) { return u.has_value(); };
+    if (std::none_of(v.upstream.begin(), v.upstream.end(), reported)) return {};
+    std::set<std::string> names;
+    for (const auto& u : v.upstream)
+        if (u && !u->resource.empty()) names.insert(u->resource);
+    std::string title = "upstream";
+    for (const auto& n : names) title += (title.size() == 8 ? " (" : ", ") + n;
+    if (!names.empty()) title += ")";
+    std::string out = "\n" + title + "\n";
+    char cell[64];
+    const auto row = [&](const char* label, const auto& value_of) {
+        const std::string text = "  " + std::string(label); // under the owners, padded as they are
+        out += text + std::string(width + 2 > text.size() ? width + 2 - text.size() : 1, ' ');
+        for (const auto& u : v.upstream) {
+            value_of(u, cell);
+            out += cell;
+        }
+        out += '\n';
+    };
+    const auto bytes = [](std::size_t upstream_usage::*field) {
+        return [field](const std::optional<upstream_usage>& u, char* cell) {
+            if (u) std::snprintf(cell, 64, "%14zu", (*u).*field);
+            else std::snprintf(cell, 64, "%14s", "-");
+        };
+    };
+    row("reserved", bytes(&upstream_usage::reserved_bytes));
+    row("live", bytes(&upstream_usage::live_bytes));
+    row("peak reserved/live", [](const std::optional<upstream_usage>& u, char* cell) {
+        if (u && u->peak_live_bytes != 0) std::snprintf(cell, 64, "%14.2f", u->fragmentation());
+        else std::snprintf(cell, 64, "%14s", "-");
+    });
+    row("largest free block", [](const std::optional<upstream_usage>& u, char* cell) {
+        if (u && u->largest_free_block) std::snprintf(cell, 64, "%14zu", *u->largest_free_block);
+        else std::snprintf(cell, 64, "%14s", "-");
+    });
+    return out;
+}
+
+} // namespace detail
+
 /// The table: one row per owner, one column per rank, then max, mean and max/mean; rows above
-/// `threshold` are marked "<< imbalanced". A last row holds each rank's total.
+/// `threshold` are marked "<< imbalanced". A last row holds each rank's total. Below it, when the
+/// reports carry their upstream's usage, a row each for its reserved and live bytes, peak reserved
+/// over peak live, and the largest free block, per rank (a bloated pool shows there).
 [[nodiscard]] inline std::string format_table(const cross_rank_view& v, double threshold) {
-    std::size_t width = 5;
+    const bool with_upstream =
+        std::any_of(v.upstream.begin(), v.upstream.end(), [](const auto& u) { return u.has_value(); });
+    std::size_t width = with_upstream ? 20 : 5; // "  largest free block" or "owner"
     for (const auto& o : v.owners) width = std::max(width, o.size());
     std::string out;
     char cell[64];
@@ -193,7 +247,7 @@ inline std::string describe_missing(const std::vector<int>& present, int world_s
         out += cell;
     }
     out += '\n';
-    return out;
+    return out + detail::format_upstream_rows(v, width);
 }
 
 namespace detail {

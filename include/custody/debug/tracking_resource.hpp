@@ -285,14 +285,15 @@ public:
     /// Removes a watch; false when no such id.
     bool remove_watch(int id) { return state_.remove_watch(id); }
 
-    /// Everything a per-rank JSON report holds (json_report.hpp writes it). Takes a timeline
-    /// sample. O(n) in the live blocks plus symbolizing one stack per group.
+    /// Everything a per-rank JSON report holds (json_report.hpp writes it), with the upstream's
+    /// reserve when it keeps statistics (a pool). Takes a timeline sample. O(n) in the live blocks plus symbolizing one stack per group.
     [[nodiscard]] rank_report make_report() {
         rank_report r;
         r.rank = rank_;
         r.tracker = options_.name;
         r.platform = std::string(platform_type::name);
         r.started_unix_ns = clock_.start_unix_ns();
+        r.upstream = detail::upstream_usage_of(upstream_);
         const std::vector<snapshot_entry> entries = state_.fill_report(r, clock_.now_ns(), clock_.start_unix_ns());
         std::sort(r.owners.begin(), r.owners.end(),
                   [](const owner_usage& a, const owner_usage& b) { return a.owner < b.owner; });
