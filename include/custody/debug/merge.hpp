@@ -1,6 +1,7 @@
 /// @file
 /// Merges N per-rank reports into one cross-rank view: a table of live bytes per owner and rank
-/// with the imbalance (max / mean over ranks), and a Chrome/Perfetto trace with one process per
+/// with the imbalance (max / mean over ranks), the largest live groups' call stacks, and a
+/// Chrome/Perfetto trace with one process per
 /// rank and a counter track per owner. Used by tools/custody-merge.
 #pragma once
 
@@ -248,6 +249,49 @@ inline std::string format_upstream_rows(const cross_rank_view& v, std::size_t wi
     }
     out += '\n';
     return out + detail::format_upstream_rows(v, width);
+}
+
+namespace detail {
+
+/// Whether group `g` of a rank is among the `n` whose stacks format_stacks prints: the first `n`
+/// groups (largest first) that have a call stack. `shown` counts those met so far.
+[[nodiscard]] inline bool stack_printed(const leak_group& g, std::size_t n, std::size_t& shown) noexcept {
+    if (shown == n || g.stack.empty()) return false;
+    ++shown;
+    return true;
+}
+
+} // namespace detail
+
+/// The `n` largest live groups of each rank that have a call stack, each with its frames, and a
+/// line for the groups left out ("rank 1: and 4 more groups (123 B)"), so the bytes of every live
+/// group are accounted for; "" when no group has a stack.
+[[nodiscard]] inline std::string format_stacks(const std::vector<rank_report>& reports, std::size_t n) {
+    std::string out;
+    bool any = false; // a stack printed: without one anywhere, there is no such section
+    for (const auto& r : reports) {
+        std::size_t shown = 0;
+        std::size_t rest = 0;
+        std::size_t rest_bytes = 0;
+        const std::string rank = "rank " + std::to_string(r.rank.rank) + ": ";
+        for (const auto& g : r.live.groups) { // largest first
+            if (!detail::stack_printed(g, n, shown)) {
+                ++rest;
+                detail::add_saturating(rest_bytes, g.bytes);
+                continue;
+            }
+            out += rank + std::to_string(g.bytes) + " B in " + std::to_string(g.count) + " allocations from '" +
+                   g.owner + "'\n";
+            for (const auto& f : g.stack) out += "      at " + f + "\n";
+        }
+        any = any || shown != 0;
+        if (rest != 0) {
+            out += rank + (shown != 0 ? "and " : "") + std::to_string(rest) + (shown != 0 ? " more group" : " group") +
+                   (rest == 1 ? "" : "s") + " (" + std::to_string(rest_bytes) + " B)" +
+                   (shown < n ? " without a call stack" : "") + "\n";
+        }
+    }
+    return any ? "\nlargest live groups by call stack:\n" + out : std::string();
 }
 
 namespace detail {

@@ -24,6 +24,7 @@
 ///     detail/symbolizer.hpp    addresses -> function, file, line (libdw)
 ///     detail/dwarf_unit_index.hpp  one DWARF unit's functions, for the symbolizer's search
 ///     detail/frame_text.hpp    one frame's text in a report, written and read back
+///     detail/function_name.hpp a function's name as frames show it; the runtime's frames
 /// The rank itself (rank_info, detect_rank()) is core/rank.hpp; the rank from an NCCL communicator
 /// and the live cross-rank view gathered over NCCL are in interop/nccl/.
 #pragma once
