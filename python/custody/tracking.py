@@ -131,11 +131,12 @@ class LeakWatch:
 
 
 def report_path(directory=None, rank=None):
-    """Where this rank's report goes: DIRECTORY/custody-rank<RANK>.json (directory by default
+    """Where this rank's report goes: DIRECTORY/rank-<RANK>.json, the name C++ reports have
+    (custody::debug::report_file_name), so one glob finds both (directory by default
     $CUSTODY_REPORT_DIR, else the working directory)."""
     directory = pathlib.Path(directory or os.environ.get("CUSTODY_REPORT_DIR") or ".")
     rank = rank_info()[0] if rank is None else rank
-    return directory / ("custody-rank%d.json" % rank)
+    return directory / ("rank-%d.json" % rank)
 
 
 def write_report(directory=None, device=-1, lib=None):

@@ -103,6 +103,11 @@ TEST_CASE("detect_rank reads the launcher's variables, and outside a job is rank
     CHECK_THROWS_AS(make_rank(0, 0, 0), custody::rank_error);
 }
 
+TEST_CASE("a rank's report file is rank-<R>.json, as Python and the trace recorder name theirs", "[debug][json]") {
+    CHECK(report_file_name(make_rank(3, 1, 8)) == "rank-3.json");
+    CHECK(report_file_name(make_rank(0, 0, 1)) == "rank-0.json");
+}
+
 TEST_CASE("the JSON reader handles the grammar and reports truncation apart", "[debug][json]") {
     const json::value v = json::parse(R"( {"a": [1, -2.5e2, true, false, null], "s": "q\"\\\n\u00e9\ud83d\ude00", "o": {}} )");
     REQUIRE(v.is_object());

@@ -5,6 +5,7 @@
 
 #include <custody/core/detail/format.hpp>
 #include <custody/core/error.hpp>
+#include <custody/core/rank.hpp>
 #include <custody/debug/detail/json.hpp>
 #include <custody/debug/report.hpp>
 
@@ -276,6 +277,13 @@ inline void write_timeline(json::writer& w, const rank_report& r) {
     std::string text = w.take();
     text += '\n';
     return text;
+}
+
+/// The file name of a rank's report: "rank-<R>.json", as Python's custody.write_report names it
+/// and as a rank's trace is "rank-<R>.ctrace", so `custody-merge DIR/rank-*.json` finds every
+/// rank's report whoever wrote it.
+[[nodiscard]] inline std::string report_file_name(const rank_info& rank) {
+    return "rank-" + std::to_string(rank.rank) + ".json";
 }
 
 /// Writes the report to `path` (replacing it). Throws custody::error when the file cannot be
