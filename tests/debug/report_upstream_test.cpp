@@ -10,7 +10,6 @@
 
 #include "../support/catch.hpp"
 
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -19,10 +18,6 @@
 using namespace custody;
 using namespace custody::debug;
 namespace json = custody::debug::detail::json;
-
-#ifndef CUSTODY_SCHEMA_PATH
-#error "the build defines CUSTODY_SCHEMA_PATH (docs/debug-report-schema.json)"
-#endif
 
 namespace {
 
@@ -68,13 +63,6 @@ std::string malformed_field(const std::string& text) {
     return {};
 }
 
-std::string slurp(const char* path) {
-    std::ifstream in(path);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
-}
-
 } // namespace
 
 TEST_CASE("a rank's report carries its pool's reserve, and reads back", "[debug][json][upstream]") {
@@ -88,7 +76,7 @@ TEST_CASE("a rank's report carries its pool's reserve, and reads back", "[debug]
     CHECK(*r.upstream->largest_free_block >= 8 * MiB);
 
     const std::string text = to_json(r);
-    const json::value schema = json::parse(slurp(CUSTODY_SCHEMA_PATH));
+    const json::value schema = test::report_schema();
     test::schema_checker checker(schema);
     const auto errors = checker.check(json::parse(text));
     for (const auto& e : errors) UNSCOPED_INFO(e);

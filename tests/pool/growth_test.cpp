@@ -430,6 +430,22 @@ TEST_CASE("the device budget keeps headroom, from a capacity or a memory query",
     }
 }
 
+namespace {
+
+/// What out_of_memory says when `pool` cannot serve `bytes` synchronously ("" when it can).
+template <class Pool>
+std::string refusal_of(Pool& pool, std::size_t bytes) {
+    try {
+        void* p = pool.allocate_sync(bytes, 256);
+        pool.deallocate_sync(p, bytes, 256);
+    } catch (const custody::out_of_memory& e) {
+        return e.what();
+    }
+    return {};
+}
+
+} // namespace
+
 TEST_CASE("the device budget is said: capacity once, from the upstream, and the error names its parts",
           "[pool][limits]") {
     // The default headroom: an eighth of the device, at most 1 GiB.
@@ -441,12 +457,7 @@ TEST_CASE("the device budget is said: capacity once, from the upstream, and the 
         stream_ordered_pool<simulated_device_memory> pool(pool_options{}, 0, 64 * MiB);
         void* a = pool.allocate_sync(48 * MiB, 256);
         void* b = pool.allocate_sync(8 * MiB, 256); // 56 MiB: the budget, 64 - 64/8
-        std::string what;
-        try {
-            static_cast<void>(pool.allocate_sync(4 * MiB, 256)); // the device would still have 8 MiB
-        } catch (const custody::out_of_memory& e) {
-            what = e.what();
-        }
+        const std::string what = refusal_of(pool, 4 * MiB); // the device would still have 8 MiB
         INFO(what);
         CHECK(what.find("device budget 58720256 B (56 MiB) = capacity 67108864 B (64 MiB) - headroom 8388608 B "
                         "(8 MiB) (device_headroom's default: an eighth of the device, at most 1 GiB), the pool holds "
@@ -460,12 +471,7 @@ TEST_CASE("the device budget is said: capacity once, from the upstream, and the 
         o.device_headroom = 4 * MiB; // set: named as the option
         o.device_capacity = 32 * MiB; // said here: wins over the upstream's
         stream_ordered_pool<simulated_device_memory> pool(o, 0, 64 * MiB);
-        std::string what;
-        try {
-            static_cast<void>(pool.allocate_sync(30 * MiB, 256));
-        } catch (const custody::out_of_memory& e) {
-            what = e.what();
-        }
+        const std::string what = refusal_of(pool, 30 * MiB);
         INFO(what);
         CHECK(what.find("device budget 29360128 B (28 MiB) = capacity 33554432 B (32 MiB) - headroom 4194304 B "
                         "(4 MiB) (pool_options::device_headroom)") != std::string::npos);
@@ -477,12 +483,7 @@ TEST_CASE("the device budget is said: capacity once, from the upstream, and the 
             return custody::device_memory{10 * MiB, 16 * MiB};
         };
         stream_ordered_pool<host_memory> pool(o);
-        std::string what;
-        try {
-            static_cast<void>(pool.allocate_sync(9 * MiB, 256));
-        } catch (const custody::out_of_memory& e) {
-            what = e.what();
-        }
+        const std::string what = refusal_of(pool, 9 * MiB);
         INFO(what);
         CHECK(what.find("device budget 8388608 B (8 MiB) = free on the device 10485760 B (10 MiB) (of 16777216 B "
                         "(16 MiB)) - headroom 2097152 B (2 MiB)") != std::string::npos);
