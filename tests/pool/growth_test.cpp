@@ -8,6 +8,7 @@
 #include "../support/catch.hpp"
 #include "support.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <new>

@@ -37,6 +37,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <new>
 #include <type_traits>
 
 namespace custody {

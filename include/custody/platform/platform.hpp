@@ -49,7 +49,6 @@
 #include <custody/core/failure_callback.hpp>
 #include <custody/platform/capture.hpp>
 
-#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -118,7 +117,8 @@ bool run_exit_tolerant(std::string_view what, Step&& step) noexcept {
         char line[512];
         const int n =
             std::snprintf(line, sizeof line, "%.*s failed: %s", static_cast<int>(what.size()), what.data(), message);
-        report_failure(std::string_view(line, n > 0 ? std::min(static_cast<std::size_t>(n), sizeof line - 1) : 0U));
+        const std::size_t written = n > 0 ? static_cast<std::size_t>(n) : 0U; // snprintf truncates at the end
+        report_failure(std::string_view(line, written < sizeof line ? written : sizeof line - 1));
     };
     try {
         std::forward<Step>(step)();
