@@ -10,6 +10,7 @@
 // Exit status: 0 merged; 1 usage error; 2 a report is missing, truncated, malformed or does not
 // fit with the others (the message names the file and the reason); 3 --fail-on-imbalance and an
 // owner's max/mean is above the threshold.
+#include <custody/core/detail/output_file.hpp>
 #include <custody/debug/json_report.hpp>
 #include <custody/debug/merge.hpp>
 #include <custody/debug/detail/symbolizer.hpp>
@@ -17,7 +18,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <fstream>
 #include <optional>
 #include <set>
 #include <string>
@@ -74,13 +74,6 @@ std::string symbolize_reports(std::vector<custody::debug::rank_report>& reports,
     if (!no_symbols.empty()) note += "; no debug information here for " + list(no_symbols);
     if (!not_found.empty()) note += "; not on this machine (--symbols DIR finds them by file name): " + list(not_found);
     return note;
-}
-
-void write_file(const std::string& path, const std::string& text) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.close();
-    if (!out) throw custody::error("cannot write '" + path + "'");
 }
 
 } // namespace
@@ -155,9 +148,9 @@ int main(int argc, char** argv) {
         if (table_path.empty()) {
             std::fputs(table.c_str(), stdout);
         } else {
-            write_file(table_path, table);
+            custody::detail::write_file(table_path, table);
         }
-        if (!trace_path.empty()) write_file(trace_path, custody::debug::to_perfetto_trace(reports));
+        if (!trace_path.empty()) custody::detail::write_file(trace_path, custody::debug::to_perfetto_trace(reports));
         const auto imbalanced = view.imbalanced(threshold);
         for (const auto& o : imbalanced) {
             std::fprintf(stderr, "custody-merge: owner '%s' is imbalanced across ranks\n", o.c_str());

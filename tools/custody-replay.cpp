@@ -15,7 +15,7 @@
 #include "replay/streams.hpp"
 
 #include <custody/platform/host.hpp>
-#include <custody/trace/detail/output_file.hpp>
+#include <custody/core/detail/output_file.hpp>
 #include <custody/trace/reader.hpp>
 
 #include <algorithm>
@@ -25,6 +25,7 @@
 #include <ctime>
 #include <exception>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -158,7 +159,7 @@ int main(int argc, char** argv) {
         for (const auto& text : o.allocators) factories.push_back(replay::plan(replay::allocator_spec(text)));
         // The output files are created up front (under temporary names), so a path that cannot be
         // written fails before the replay rather than after it.
-        std::optional<trace::detail::output_file> json_file, perfetto_file;
+        std::optional<custody::detail::output_file> json_file, perfetto_file;
         if (!o.json.empty()) json_file.emplace(o.json);
         if (!o.perfetto.empty()) perfetto_file.emplace(o.perfetto);
 
@@ -172,6 +173,11 @@ int main(int argc, char** argv) {
         }
         int highest = 0;
         for (const auto& d : program.devices) highest = std::max(highest, replay::host_device_of(d.device));
+        // The host platform numbers its devices with an int: its count, highest + 1, must be one.
+        if (highest == std::numeric_limits<int>::max()) {
+            throw error("trace '" + o.trace + "': device " + std::to_string(highest) +
+                        " is beyond the host platform's devices (0 .. " + std::to_string(highest - 1) + ")");
+        }
         if (highest >= host::platform::device_count()) host::set_device_count(highest + 1);
 
         replay::report r;
@@ -182,7 +188,9 @@ int main(int argc, char** argv) {
         r.date = today();
         replay::progress bar(o.progress.value_or(::isatty(STDERR_FILENO) == 1));
         std::uint64_t work = 0;
-        for (const auto& d : program.devices) work += d.ops.size() * factories.size() * static_cast<std::uint64_t>(1 + o.repetitions);
+        for (const auto& d : program.devices) {
+            work += d.ops.size() * factories.size() * (1 + static_cast<std::uint64_t>(o.repetitions)); // progress only
+        }
         bar.total(work);
         replay::run_options ro;
         ro.capacity = o.capacity;

@@ -8,7 +8,7 @@
 // Exit status: 0 done; 2 a trace or CSV that cannot be read, or a file that cannot be written (the
 // message names the file, and the byte, event or line); no partial output file is left behind.
 #include <custody/trace/csv.hpp>
-#include <custody/trace/detail/output_file.hpp>
+#include <custody/core/detail/output_file.hpp>
 #include <custody/trace/event.hpp>
 #include <custody/trace/reader.hpp>
 #include <custody/trace/writer.hpp>
@@ -66,7 +66,7 @@ void info(const std::string& path) {
 }
 
 void to_csv(const std::string& path, const std::string& out_path) {
-    custody::trace::detail::output_file out(out_path.empty() ? "-" : out_path);
+    custody::detail::output_file out(out_path.empty() ? "-" : out_path);
     custody::trace::write_csv(path, [&out](std::string_view text) { out.write(text); });
     out.commit();
 }
@@ -76,7 +76,7 @@ void from_csv(const std::string& csv_path, const std::string& out_path) {
     std::ifstream in(csv_path);
     if (!in) throw custody::error("cannot open '" + csv_path + "'");
     csv_reader r(in, csv_path);
-    detail::output_file out(out_path);
+    custody::detail::output_file out(out_path);
     writer w;
     for (const auto& [k, v] : r.header().metadata) w.metadata(k, v);
     for (const auto& t : r.header().threads) w.thread(t);

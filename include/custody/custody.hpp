@@ -12,6 +12,7 @@
 ///   pool/        stream_ordered_pool
 ///   staging/     staging_ring
 ///   debug/       tracking_resource, owner_scope, reports, the cross-rank merge
+///   sleep/       sleepable_memory: sleep and wake by owner, over a platform's virtual memory
 ///   buffer/      buffer, scalar; host_buffer.hpp: host::device_buffer, host::pinned_buffer,
 ///                host::device_scalar (the host platform's names for them)
 ///   interop/     pmr_adaptor, bind_device, device_lock, pluggable_allocator
@@ -50,6 +51,7 @@
 #include <custody/debug/merge.hpp>
 #include <custody/debug/owner_scope.hpp>
 #include <custody/debug/tracking_resource.hpp>
+#include <custody/sleep/sleepable_memory.hpp>
 
 #include <custody/buffer/buffer.hpp>
 #include <custody/buffer/host_buffer.hpp>

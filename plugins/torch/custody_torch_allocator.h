@@ -38,6 +38,15 @@ typedef struct custody_torch_stats {
     uint64_t held_bytes;          /* freed, held until the streams they were recorded on finish */
 } custody_torch_stats;
 
+/* A device's counters beyond custody_torch_stats (a struct of its own: custody_torch_stats keeps
+ * its size for the callers built against it). */
+typedef struct custody_torch_segments {
+    uint64_t held_blocks;         /* the blocks of held_bytes */
+    uint64_t segments;            /* chunks the pool holds from the device */
+    uint64_t device_allocations;  /* chunks taken from the device, ever */
+    uint64_t device_frees;        /* chunks given back to the device, ever */
+} custody_torch_segments;
+
 /* Allocation: size bytes on device, ordered on stream. size 0 returns NULL without an error.
  * custody_alloc returns NULL on failure (for C callers); custody_torch_malloc throws (PyTorch's
  * alloc function, see above). custody_free gives a block back on the stream it names. */
@@ -47,10 +56,25 @@ void custody_free(void* ptr, ssize_t size, int device, void* stream);
 
 /* Sets an option before the first allocation: "max_bytes" (a cap per device; 0: none beyond the
  * device, or CUSTODY_TORCH_MAX_BYTES when set), "device_headroom" (bytes of the device the pool
- * leaves free, CUDA build; default an eighth of the device, at most 1 GiB) or "tracking" (1: every allocation goes through custody's
- * tracking resource, for owners, snapshots and per-rank reports). Returns 0, or -1 (see
+ * leaves free, CUDA build; default an eighth of the device, at most 1 GiB), "tracking" (1: every
+ * allocation goes through custody's tracking resource, for owners, snapshots and per-rank reports) or "stacks" (1: with tracking,
+ * each allocation's call stack is kept, for leak reports and snapshots). Returns 0, or -1 (see
  * custody_last_error) for an unknown name or once a pool exists. */
 int custody_configure(const char* name, uint64_t value);
+/* From now on device's pool holds at most bytes (PyTorch's set_per_process_memory_fraction): it
+ * grows no further beyond them; set before the device's first allocation, it is the pool's cap.
+ * 0, or -1 for a bad device. */
+int custody_set_max_bytes(int device, uint64_t bytes);
+/* Called with the device, the bytes asked for, custody's diagnostics and user at every
+ * out-of-memory of the whole-process allocator, before custody_torch_malloc throws (or custody_alloc
+ * returns NULL), on the allocating thread. It must not throw nor allocate through custody. NULL:
+ * no callback. 0, or -1. */
+typedef void (*custody_out_of_memory_callback)(int device, size_t bytes, const char* diagnostics, void* user);
+int custody_set_out_of_memory_callback(custody_out_of_memory_callback callback, void* user);
+/* The name of device's GPU, "GPU-" and its UUID (as nvidia-smi prints it): what custody's claims of
+ * a GPU lock, from C++ (interop/gpu_name.hpp) and from Python alike. Copied as custody_report does;
+ * returns its length, or -1 for a bad device. (The host build names its virtual devices alike.) */
+ssize_t custody_device_name(int device, char* buffer, size_t capacity);
 
 /* Claims the GPU whose identity is device_id (its UUID) for rank, which calls it device, until the
  * process exits (custody::interop::device_lock; lock files in $CUSTODY_RUNTIME_DIR or
@@ -67,19 +91,23 @@ size_t custody_empty_cache(void);
 /* PyTorch's graph-capture hooks (CUDAGraph's beginAllocateToPool, endAllocateToPool and
  * releasePool; PyTorch's pluggable allocator takes them from C++ only, so custody.torch calls them
  * around CUDAGraph.capture_begin, capture_end and reset). The pool id is PyTorch's MempoolId_t
- * {first, second}. begin: from now until end, allocations on device made on the streams of the
- * capture that stream is in (stream must be capturing already; its forks included) come from the
- * private pool of that id, made if new and shared (held once more) if not; its blocks are reused
- * within the capture and kept for the graph's replays after end. release drops one hold (one per
- * begin); with none left the pool's memory goes back once its blocks are free. Each returns 0, or
- * -1 with the reason in custody_last_error() (a stream not capturing, an id already being
- * allocated to, released, or holding nothing). */
+ * {first, second}. begin, called before the capture begins, as PyTorch's CUDAGraph::capture_begin
+ * calls its allocator's: from now until end, allocations on device made on stream (the stream about
+ * to be captured, never the default stream) and on the streams forked into its capture come from
+ * the private pool of that id, made if new and shared (held once more) if not; its blocks are
+ * reused within the capture and kept for the graph's replays after end. While a capture is routed,
+ * empty_cache and trim leave its device alone, and blocks held for other streams wait for their
+ * events until it ends. release drops one hold (one per begin); with none left the pool's memory
+ * goes back once its blocks are free. Each returns 0, or -1 with the reason in
+ * custody_last_error() (the default stream, an id already being allocated to, released, or
+ * holding nothing). */
 int custody_begin_allocate_to_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second, void* stream);
 int custody_end_allocate_to_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second);
 int custody_release_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second);
 
 /* Fills *out with device's counters (zeros before its first allocation). 0, or -1 for a bad device. */
 int custody_stats(int device, custody_torch_stats* out);
+int custody_segments(int device, custody_torch_segments* out);
 /* Gives cached memory back to the device (device -1: all). Returns the bytes released. */
 size_t custody_trim(int device);
 /* Writes a text report (one line per device in use) into buffer, NUL-terminated and truncated to
@@ -97,6 +125,34 @@ int custody_owner_pop(void);
 size_t custody_owner_current(char* buffer, size_t capacity);
 ssize_t custody_report_json(int device, char* buffer, size_t capacity);
 int custody_write_report(int device, const char* path);
+
+/* A memory snapshot in the format of PyTorch's torch.cuda.memory._dump_snapshot() (a pickle that
+ * PyTorch's memory viewer reads; docs/interop-pytorch.md), of every device this process's tracked
+ * allocator serves; needs tracking on. custody_record_history keeps the last max_entries events of
+ * each device for the snapshot's device_traces (0, the default: none; as PyTorch's
+ * _record_memory_history). custody_snapshot_pickle copies the pickle into buffer when capacity
+ * holds it all, and returns its length (call again with a larger buffer otherwise), or -1;
+ * custody_write_snapshot writes it to path (a new file renamed into place, never through a link);
+ * 0 or -1. */
+int custody_record_history(uint64_t max_entries);
+ssize_t custody_snapshot_pickle(char* buffer, size_t capacity);
+int custody_write_snapshot(const char* path);
+
+/* The memory behind a torch.cuda.MemPool (custody.torch.mem_pool): PyTorch's caching allocator
+ * keeps serving tensors and takes whole segments from a MemPool's CUDAPluggableAllocator, here from
+ * a custody resource per device, one pair of entry points per backing: "pool" (custody's pool over
+ * cudaMallocAsync) and "vmm" (the virtual-memory resource, memory mapped on demand). A segment is
+ * taken and given back synchronously, whatever stream PyTorch names; alloc returns NULL on failure
+ * (PyTorch's caching allocator then raises its out-of-memory error), with the reason in
+ * custody_last_error(). custody_mempool_backings lists the backings ("pool,vmm");
+ * custody_mempool_stats fills a backing's counters for a device (segments may be NULL; 0, or -1 for
+ * an unknown backing or device). */
+void* custody_mempool_pool_alloc(ssize_t size, int device, void* stream);
+void custody_mempool_pool_free(void* ptr, ssize_t size, int device, void* stream);
+void* custody_mempool_vmm_alloc(ssize_t size, int device, void* stream);
+void custody_mempool_vmm_free(void* ptr, ssize_t size, int device, void* stream);
+const char* custody_mempool_backings(void);
+int custody_mempool_stats(const char* backing, int device, custody_torch_stats* out, custody_torch_segments* segments);
 
 /* Why this thread's last call failed ("" if it did not). */
 const char* custody_last_error(void);

@@ -35,12 +35,10 @@ def merge_program():
     bundled = pathlib.Path(__file__).resolve().parent / "custody-merge"
     if bundled.exists():
         return str(bundled)
-    installed = _installed_beside_interpreter()
-    if installed:
-        return installed
-    found = shutil.which("custody-merge")
-    if found and pathlib.Path(found).resolve() != pathlib.Path(sys.argv[0]).resolve():
-        return found
+    # Never this program itself (a custody-merge that runs custody.merge.main).
+    for found in (_installed_beside_interpreter(), shutil.which("custody-merge")):
+        if found and pathlib.Path(found).resolve() != pathlib.Path(sys.argv[0]).resolve():
+            return found
     raise CustodyError("custody: custody-merge not found (not in the package, not beside %s, not on PATH); "
                        "set CUSTODY_MERGE" % sys.executable)
 

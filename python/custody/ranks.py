@@ -2,10 +2,23 @@
 makes a second rank on the same GPU fail at start, naming both ranks."""
 
 import os
+import re
 
-from ._library import CustodyError, library
+from ._library import INT_MAX, CustodyError, library
 
 __all__ = ["rank_info", "claim_device"]
+
+
+_DIGITS = re.compile(r"[0-9]{1,10}", re.ASCII)
+
+
+def _count(name, text):
+    """A launcher's count as the library reads it (core/rank.hpp): ASCII digits only, the whole
+    text, at most 2^31-1."""
+    if not _DIGITS.fullmatch(text) or int(text) > INT_MAX:
+        shown = repr(text) if len(text) <= 24 else repr(text[:21]) + "..."
+        raise CustodyError("custody: %s=%s is not an integer in 0 .. %d" % (name, shown, INT_MAX))
+    return int(text)
 
 
 def rank_info(environ=None):
@@ -19,13 +32,10 @@ def rank_info(environ=None):
     if len(present) != len(names):
         missing = [n for n in names if n not in present]
         raise CustodyError("custody: %s set but %s not (as torchrun sets them all)" % (", ".join(present), ", ".join(missing)))
-    try:
-        rank, local_rank, world = (int(environ[n]) for n in names)
-    except ValueError:
-        raise CustodyError("custody: RANK=%r, LOCAL_RANK=%r, WORLD_SIZE=%r are not integers"
-                           % tuple(environ[n] for n in names)) from None
+    rank, local_rank, world = (_count(n, environ[n]) for n in names)
     if not (0 <= rank < world and 0 <= local_rank < world):
-        raise CustodyError("custody: rank %d / local rank %d do not fit world size %d" % (rank, local_rank, world))
+        raise CustodyError("custody: RANK=%d and LOCAL_RANK=%d do not fit WORLD_SIZE=%d (each must be below it)"
+                           % (rank, local_rank, world))
     return rank, local_rank, world
 
 

@@ -1,9 +1,10 @@
 """custody's counters under PyTorch's names (torch.cuda.memory_stats), and a summary table.
 
-The keys are those of PyTorch's caching allocator that custody's pools have a true value for; a
-dashboard reading `allocated_bytes.all.current`, `reserved_bytes.all.peak` or `num_ooms` keeps
-working. Keys PyTorch has and custody does not (per-pool splits, segments, cumulative byte
-totals) are absent rather than made up."""
+The keys are those of PyTorch's caching allocator (as PyTorch 2.11 names them) that custody's pools
+have a true value for; a dashboard reading `allocated_bytes.all.current`, `reserved_bytes.all.peak`
+or `num_ooms` keeps working. Keys PyTorch has and custody does not (the small/large pool split,
+cumulative byte totals, peaks of counts, inactive splits, retries) are absent rather than made
+up."""
 
 from ._library import library
 
@@ -22,6 +23,13 @@ PYTORCH_KEYS = {
     "allocation.all.current": lambda s: s["live_allocations"],
     "allocation.all.allocated": lambda s: s["allocations"],
     "allocation.all.freed": lambda s: s["deallocations"],
+    # Active blocks: allocated, or freed and held for other streams.
+    "active.all.current": lambda s: s["live_allocations"] + s["held_blocks"],
+    # Segments: the chunks the pool holds from the device (cudaMallocAsync's), and the calls that
+    # took and gave them.
+    "segment.all.current": lambda s: s["segments"],
+    "num_device_alloc": lambda s: s["device_allocations"],
+    "num_device_free": lambda s: s["device_frees"],
     "num_ooms": lambda s: s["num_ooms"],
 }
 

@@ -1,7 +1,14 @@
-"""custody as PyTorch's CUDA allocator: enable() before the first CUDA allocation.
+"""custody under PyTorch, two ways:
+
+- the whole process: enable() before the first CUDA allocation makes custody PyTorch's CUDA
+  allocator (every tensor: owners and stacks per tensor, snapshots, reports);
+- a MemPool: mem_pool() after CUDA is initialized gives a torch.cuda.MemPool whose segments come
+  from custody (used with torch.cuda.use_mem_pool): PyTorch's own allocator keeps serving tensors
+  and splits custody's segments itself (what TensorRT-LLM and vLLM do for their KV caches).
 
 What enable() installs, and how each reaches custody (PyTorch's pluggable allocator takes only an
-allocation and a free function from Python; its other hooks are reachable from C++ alone):
+allocation and a free function from Python; its other hooks are reachable from C++ alone; the
+wrappers are custody._torch_hooks):
 
 - allocation: custody_torch_malloc, which throws on failure. PyTorch raises it in Python as a
   RuntimeError whose message starts "custody: out of memory" and carries the pool's diagnostics;
@@ -14,25 +21,34 @@ allocation and a free function from Python; its other hooks are reachable from C
 - torch.cuda.memory_stats (and so memory_allocated, max_memory_reserved, ...) and memory_summary:
   custody's counters under PyTorch's key names.
 - CUDA graph capture (torch.cuda.graph, CUDAGraph.capture_begin/capture_end/reset): wrapped, so
-  that what the capture allocates comes from a private pool of custody's (the graph's pool id, as
-  CUDAGraph.pool() names it; graphs sharing a pool share it), reused within the capture and kept
-  for the replays until the graph is reset or collected (custody_begin_allocate_to_pool,
-  custody_end_allocate_to_pool, custody_release_pool).
+  that what the capture allocates comes from a private pool of custody's (the graph's pool id:
+  the one given, else a graph_pool_handle() passed in), routed before the capture begins, reused
+  within it and kept for the replays until the graph is reset or collected.
+- torch.cuda.set_per_process_memory_fraction: caps the device's pool.
+- torch.cuda.memory._record_memory_history and _dump_snapshot (which PyTorch refuses for a
+  pluggable allocator): custody's history and snapshot, in PyTorch's format (tracking on).
+
+Sleep and wake by owner (sleepable(), sleep(), wake(): custody/torch_sleep.py, docs/sleep.md) need no
+enable(): each owner's tensors live in a torch.cuda.MemPool of custody's sleepable memory.
 """
 
 import contextlib
-import functools
 import os
-import weakref
 
+from . import _torch_hooks
 from . import options as _options
+from . import memory_snapshot as _snapshots
 from . import stats as _stats
 from ._library import OUT_OF_MEMORY_MARK, CustodyError, library, library_path
 from .ranks import claim_device, rank_info
+from .torch_sleep import (CaptureOpenError, OwnerAsleepError, OwnerAwakeError, SleepError, is_asleep,
+                          release_host_memory, sleep, sleep_stats, sleepable, sleepable_pool, wake)
 from .tracking import LeakWatch, diff, owner, snapshot, write_report
 
-__all__ = ["enable", "enabled", "memory_stats", "memory_summary", "oom_as_torch_error", "TooLateError", "owner",
-           "snapshot", "diff", "LeakWatch", "write_report"]
+__all__ = ["enable", "enabled", "memory_stats", "memory_summary", "oom_as_torch_error", "on_out_of_memory",
+           "TooLateError", "owner", "snapshot", "diff", "LeakWatch", "write_report", "mem_pool", "mem_pool_stats",
+           "sleepable", "sleepable_pool", "sleep", "wake", "is_asleep", "sleep_stats", "release_host_memory",
+           "SleepError", "OwnerAsleepError", "OwnerAwakeError", "CaptureOpenError"]
 
 _state = {"lib": None, "options": None}
 
@@ -46,7 +62,8 @@ def enabled():
     return _state["lib"] is not None
 
 
-def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=None, library_file=None):
+def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=None, stacks=None,
+           library_file=None):
     """Makes custody PyTorch's CUDA allocator. Call it before anything touches CUDA (right after
     `import torch`): PyTorch cannot change allocators once CUDA is initialized, and this raises
     TooLateError then.
@@ -55,17 +72,19 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
     device left free for what custody does not own (NCCL, cuBLAS workspaces; default an eighth of
     the device, at most 1 GiB);
     tracking (default False): every allocation through custody's tracking resource, for
-    owner(), snapshot(), LeakWatch and write_report(); claim_device (default True): claim this
-    rank's GPU so that a second rank on it fails at once, naming both ranks. Each is overridden by
-    its environment variable (custody.options.ENVIRONMENT: CUSTODY_MAX_BYTES,
-    CUSTODY_DEVICE_HEADROOM, CUSTODY_TRACKING, CUSTODY_CLAIM_DEVICE), for jobs launched by
-    torchrun. Returns the options in force."""
+    owner(), snapshot(), LeakWatch, write_report() and PyTorch-format memory snapshots;
+    claim_device (default True): claim this rank's GPU so that a second rank on it fails at once,
+    naming both ranks; stacks (default False): with tracking, keep each allocation's call stack
+    (native frames) for leak reports and snapshots. Each is overridden by its environment variable
+    (custody.options.ENVIRONMENT: CUSTODY_MAX_BYTES, CUSTODY_DEVICE_HEADROOM, CUSTODY_TRACKING,
+    CUSTODY_CLAIM_DEVICE, CUSTODY_STACKS), for jobs launched by torchrun. Returns the options in
+    force."""
     import torch
 
     if enabled():
         return dict(_state["options"])
     chosen = _options.resolve(max_bytes=max_bytes, device_headroom=device_headroom, tracking=tracking,
-                              claim_device=claim_device)
+                              claim_device=claim_device, stacks=stacks)
     if torch.cuda.is_initialized():
         raise TooLateError("custody: custody.torch.enable() came after CUDA was initialized (something already "
                            "allocated CUDA memory or queried a device); PyTorch cannot change its allocator then. "
@@ -79,6 +98,7 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
         if chosen[name] is not None:
             lib.configure(name, chosen[name])
     lib.configure("tracking", 1 if chosen["tracking"] else 0)
+    lib.configure("stacks", 1 if chosen["stacks"] else 0)
     allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "custody_torch_malloc", "custody_free")
     try:
         torch.cuda.memory.change_current_allocator(allocator)
@@ -86,14 +106,121 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
         raise TooLateError("custody: PyTorch refused to change its allocator (%s); call custody.torch.enable() "
                            "before the first CUDA allocation" % e) from e
     os.environ.setdefault("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
-    _install(torch, lib)
+    _torch_hooks.install(torch, lib, memory_stats, memory_summary)
+    _install_snapshots(torch, lib)
     _state["lib"], _state["options"] = lib, chosen
     if chosen["claim_device"]:
-        rank, local_rank, world = rank_info()
-        if world > 1:
-            device = local_rank % max(torch.cuda.device_count(), 1)
-            claim_device(torch.cuda.get_device_properties(device).uuid, device, rank, lib)
+        _claim_gpu(torch, lib)
     return dict(chosen)
+
+
+def _claim_gpu(torch, lib):
+    """In a job of several ranks, claims this rank's GPU under the name custody's C++ claims use for
+    it ("GPU-" and its UUID, interop/gpu_name.hpp, from the library), so that a C++ claim of the
+    same GPU in another process (an NCCL communicator of custody's) locks the same file."""
+    rank, local_rank, world = rank_info()
+    if world > 1:
+        device = local_rank % max(torch.cuda.device_count(), 1)
+        claim_device(lib.device_name(device), device, rank, lib)
+
+
+def _install_snapshots(torch, lib):
+    """torch.cuda.memory._record_memory_history(enabled, ..., max_entries=N) keeps custody's history
+    (N events per device; enabled=None stops it), and _dump_snapshot(filename), _snapshot() and
+    memory_snapshot() write or return custody's snapshot in PyTorch's format (tracking on: PyTorch
+    refuses them for a pluggable allocator)."""
+    def record_memory_history(enabled="all", *args, max_entries=None, **kwargs):
+        if enabled is None or enabled is False:
+            lib.record_history(0)
+        else:
+            lib.record_history(_snapshots.DEFAULT_HISTORY if max_entries is None else max_entries)
+
+    def dump_snapshot(filename="dump_snapshot.pickle", *args, **kwargs):
+        _snapshots.dump_snapshot(filename, lib=lib)
+
+    def snapshot_dict(*args, **kwargs):
+        return _snapshots.memory_snapshot(lib=lib)
+
+    def memory_snapshot(*args, **kwargs):
+        return _snapshots.memory_snapshot(lib=lib)["segments"]
+
+    memory = torch.cuda.memory
+    memory._record_memory_history = record_memory_history
+    memory._dump_snapshot = dump_snapshot
+    memory._snapshot = snapshot_dict
+    memory.memory_snapshot = torch.cuda.memory_snapshot = memory_snapshot
+
+
+def on_out_of_memory(callback):
+    """Calls callback(info) at every out-of-memory of custody's allocator, before the error reaches
+    PyTorch (PyTorch refuses its own out-of-memory observers for a pluggable allocator). info is a
+    dict: device, requested_bytes, diagnostics (custody's message: live, reserved, largest free
+    block, fragmentation) and stats (custody.memory_stats of the device). Called on the allocating
+    thread, with the GIL taken for it; it must not allocate CUDA memory. None removes it. Works
+    without PyTorch too (custody.library())."""
+    lib = _state["lib"] or library()
+    if callback is None:
+        lib.set_out_of_memory_callback(None)
+        return
+
+    def tell(device, requested, diagnostics):
+        callback({"device": device, "requested_bytes": requested, "diagnostics": diagnostics,
+                  "stats": _stats.memory_stats(device, lib)})
+
+    lib.set_out_of_memory_callback(tell)
+
+
+def mem_pool(backing="pool", *, use_on_oom=False, library_file=None):
+    """A torch.cuda.MemPool whose memory comes from custody: PyTorch's caching allocator keeps
+    serving tensors and takes whole segments (2 MiB, 20 MiB, or a large request rounded up) from
+    custody's `backing`, which it splits into blocks itself. Use it in a scope, after CUDA is
+    initialized and without changing the process's allocator:
+
+        pool = custody.torch.mem_pool()          # or mem_pool("vmm")
+        with torch.cuda.use_mem_pool(pool):
+            kv_cache = torch.empty(...)
+
+    Backings (custody.library().mempool_backings): "pool", custody's pool over cudaMallocAsync (its
+    limits, device headroom and statistics, shared by every MemPool over it); "vmm", the
+    virtual-memory resource (each segment mapped on demand and unmapped when PyTorch gives it back).
+
+    The trade-off against enable(): behind a MemPool PyTorch splits blocks and custody sees
+    segments, so owners, stacks and snapshots are per segment; use enable(tracking=True) for them
+    per tensor. A MemPool needs PyTorch's own caching allocator: after enable() it is refused.
+    Segments come back to custody when PyTorch frees them (torch.cuda.empty_cache(), the pool's
+    release). use_on_oom: PyTorch may serve other allocations from this pool when it runs out."""
+    import torch
+
+    if enabled():
+        raise CustodyError("custody: mem_pool() needs PyTorch's own caching allocator, and custody.torch.enable() "
+                           "made custody the whole process's allocator (every tensor already comes from custody)")
+    path = library_file or library_path()
+    lib = library(path)
+    if lib.platform != "cuda":
+        raise CustodyError("custody: %s is the %s build of the allocator library; a MemPool needs the CUDA build"
+                           % (path, lib.platform))
+    if backing not in lib.mempool_backings:
+        raise CustodyError("custody: no MemPool backing %r (known: %s)" % (backing, ", ".join(lib.mempool_backings)))
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        path, "custody_mempool_%s_alloc" % backing, "custody_mempool_%s_free" % backing)
+    pool = torch.cuda.MemPool(allocator.allocator(), use_on_oom=use_on_oom) if use_on_oom \
+        else torch.cuda.MemPool(allocator.allocator())
+    _pools.append(allocator)  # the functions PyTorch calls stay alive with the process
+    return pool
+
+
+_pools = []
+
+
+def mem_pool_stats(backing="pool", device=None):
+    """The counters of a MemPool backing's resource on `device` (custody.memory_stats' keys): the
+    segments PyTorch took from it, not its tensors."""
+    import torch
+
+    lib = library()
+    index = torch.cuda.current_device() if device is None else _device_index(torch, device)
+    raw = lib.mempool_stats(backing, index)
+    return {key: _stats.PYTORCH_KEYS[key](raw) for key in sorted(_stats.PYTORCH_KEYS)}
 
 
 def _device_index(torch, device):
@@ -137,70 +264,3 @@ def oom_as_torch_error():
             raise torch.OutOfMemoryError(str(e)) from e
         raise
 
-
-def _install(torch, lib):
-    """Wraps the PyTorch calls that the pluggable allocator does not forward (see the module)."""
-    original_record = torch.Tensor.record_stream
-
-    @functools.wraps(original_record)
-    def record_stream(tensor, stream):
-        original_record(tensor, stream)
-        if tensor.is_cuda:
-            lib.record_stream(tensor.untyped_storage().data_ptr(), stream.cuda_stream)
-
-    torch.Tensor.record_stream = record_stream
-
-    original_empty = torch.cuda.empty_cache
-
-    @functools.wraps(original_empty)
-    def empty_cache():
-        original_empty()
-        lib.empty_cache()
-
-    torch.cuda.empty_cache = torch.cuda.memory.empty_cache = empty_cache
-    for module in (torch.cuda, torch.cuda.memory):
-        module.memory_stats = memory_stats
-        module.memory_summary = memory_summary
-
-    _install_capture(torch, lib)
-
-
-def _install_capture(torch, lib):
-    """Wraps CUDAGraph so that custody serves each capture from the graph's private pool. PyTorch
-    has begun the capture when the wrapped capture_begin returns, so the pool is routed to right
-    after it, before anything of the capture is allocated; a refused routing ends the capture again
-    and raises CustodyError."""
-    graph = torch.cuda.CUDAGraph
-    original_begin, original_end, original_reset = graph.capture_begin, graph.capture_end, graph.reset
-
-    @functools.wraps(original_begin)
-    def capture_begin(self, *args, **kwargs):
-        original_begin(self, *args, **kwargs)
-        device, pool_id = torch.cuda.current_device(), tuple(self.pool())
-        try:
-            lib.begin_allocate_to_pool(device, pool_id, torch.cuda.current_stream().cuda_stream)
-        except CustodyError:
-            with contextlib.suppress(Exception):
-                original_end(self)
-            raise
-        self._custody_capture = (device, pool_id)
-        # One hold per capture, dropped when the graph is reset or collected.
-        self._custody_release = weakref.finalize(self, lib.release_pool, device, pool_id)
-
-    @functools.wraps(original_end)
-    def capture_end(self):
-        try:
-            original_end(self)
-        finally:
-            capture = self.__dict__.pop("_custody_capture", None)
-            if capture is not None:
-                lib.end_allocate_to_pool(*capture)
-
-    @functools.wraps(original_reset)
-    def reset(self):
-        original_reset(self)
-        release = self.__dict__.pop("_custody_release", None)
-        if release is not None:
-            release()
-
-    graph.capture_begin, graph.capture_end, graph.reset = capture_begin, capture_end, reset

@@ -8,7 +8,8 @@ import os
 import pathlib
 import time
 
-from ._library import library
+from . import _owners
+from ._library import check_text, library
 from .ranks import rank_info
 
 __all__ = ["configure_tracking", "owner", "current_owner", "Snapshot", "snapshot", "diff", "LeakWatch",
@@ -24,19 +25,26 @@ def configure_tracking(on=True, lib=None):
 
 @contextlib.contextmanager
 def owner(name, lib=None):
-    """Memory this thread allocates inside is `name`'s; nested scopes join with '/'
-    ("decode" then "kv_cache" is "decode/kv_cache"). Per thread: other threads are unaffected."""
+    """Memory allocated inside is `name`'s; nested scopes join with '/' ("decode" then "kv_cache"
+    is "decode/kv_cache"). The scope follows Python's context (contextvars): each thread, each
+    asyncio task and each generator's caller sees its own owner (custody/_owners.py says how
+    PyTorch's allocations follow it). Raises CustodyError for a name that is not text the library
+    takes (UTF-8, no NUL)."""
     lib = lib or library()
-    lib.owner_push(name)
+    check_text(name, "owner name")
+    scope = _owners.enter(name)
     try:
+        _owners.sync(lib)
         yield
     finally:
-        lib.owner_pop()
+        _owners.leave(scope)
+        _owners.sync(lib)
 
 
 def current_owner(lib=None):
-    """The owner of what this thread allocates now ("<untagged>" outside every scope)."""
-    return (lib or library()).owner_current()
+    """The owner of what is allocated here now: this context's innermost open scope
+    ("<untagged>" outside every scope)."""
+    return _owners.current() or _owners.UNTAGGED
 
 
 class Snapshot:

@@ -96,7 +96,7 @@ custody_has_libdw() {
 custody_parts_demo_required=(compiler meson ninja gsl)
 custody_parts_demo_wanted=(libdw)
 custody_parts_test_required=(compiler meson ninja gsl catch2 python3 pkg-config)
-custody_parts_test_wanted=(libdw benchmark cmake fuzzer matplotlib pytest meson-python)
+custody_parts_test_wanted=(libdw benchmark cmake fuzzer matplotlib pytest meson-python atheris)
 
 custody_part_check() { # PART: 0 when present
   case $1 in
@@ -112,6 +112,7 @@ custody_part_check() { # PART: 0 when present
     pytest) custody_has_python_module pytest ;;
     meson-python) custody_has_python_module mesonpy ;;
     matplotlib) custody_has_python_module matplotlib ;;
+    atheris) custody_has_python_module atheris ;;
     *) return 1 ;;
   esac
 }
@@ -130,6 +131,8 @@ custody_part_package() {
     pytest) custody_python_package pytest python3-pytest ;;
     meson-python) custody_python_package meson-python python3-mesonpy ;;
     matplotlib) custody_python_package matplotlib python3-matplotlib ;;
+    # PyPI only: the distribution's own python3 has no package of it (nothing to install then).
+    atheris) custody_python_is_distributions || echo pip:atheris ;;
     *) echo "$1" ;;
   esac
 }
@@ -150,6 +153,7 @@ custody_part_purpose() {
     matplotlib) echo "Python's matplotlib (custody-plot's drawing test; skipped without it)" ;;
     pytest) echo "pytest (the Python package's suite; skipped without it)" ;;
     meson-python) echo "meson-python (pip install . of the Python package)" ;;
+    atheris) echo "atheris (coverage-guided fuzzing of custody-import and the Python package's parsing; without it their fuzz runs use their own mutator)" ;;
   esac
 }
 
@@ -167,6 +171,10 @@ custody_install_missing() {
   local packages=()
   for part in "${missing[@]}"; do
     read -ra part_packages <<<"$(custody_part_package "$part")"
+    if [ ${#part_packages[@]} -eq 0 ]; then
+      echo "custody: missing: $(custody_part_purpose "$part") [no package for this python3: going on without it]"
+      continue
+    fi
     packages+=("${part_packages[@]}")
     local source="Debian/Ubuntu package $(custody_part_package "$part")"
     [ "${source#*pip:}" != "$source" ] && source="PyPI package ${source#*pip:}"
@@ -195,7 +203,13 @@ custody_install_missing() {
   fi
   if [ -z "$why" ] && [ ${#pip_packages[@]} -gt 0 ]; then
     echo "custody: installing ${pip_packages[*]} (pip, for $(python3 -c 'import sys; print(sys.executable)' 2>/dev/null); the first run only)"
-    python3 -m pip install -q "${pip_packages[@]}" >/dev/null 2>&1 || why="pip failed"
+    # One at a time: a package pip cannot install here (atheris has no wheel for every Python)
+    # leaves the others installed, and its part is gone on without.
+    local pip_failed=()
+    for package in "${pip_packages[@]}"; do
+      python3 -m pip install -q "$package" >/dev/null 2>&1 || pip_failed+=("$package")
+    done
+    [ ${#pip_failed[@]} -eq 0 ] || why="pip could not install ${pip_failed[*]}"
   fi
   if [ -z "$why" ]; then
     missing_required=()

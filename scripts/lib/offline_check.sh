@@ -13,7 +13,8 @@
 #   6. a python3 that is not the distribution's (a venv first on PATH, without matplotlib or pytest):
 #      its Python modules are installed with that interpreter's pip, never with apt-get (whose
 #      packages it cannot import);
-#   7. the distribution's own python3 (externally managed): its modules come from apt-get.
+#   7. the distribution's own python3 (externally managed): its modules come from apt-get, and
+#      atheris, which it has no package of, from nowhere.
 # Prints one line per case, "offline-check: N passed, N failed" last; exits 1 on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -110,8 +111,8 @@ for candidate in /usr/bin/python3 /usr/local/bin/python3; do
   fi
 done
 if [ -n "$distributions" ]; then
-  got=$(PATH="$(dirname "$distributions"):$PATH" "$BASH" -c '. scripts/lib/common.sh && custody_part_package matplotlib && custody_part_package pytest')
-  check "the distribution's python3 ($distributions): its modules come from apt-get" eval '[ "$got" = "python3-matplotlib
+  got=$(PATH="$(dirname "$distributions"):$PATH" "$BASH" -c '. scripts/lib/common.sh && custody_part_package matplotlib && custody_part_package pytest && custody_part_package atheris')
+  check "the distribution's python3 ($distributions): its modules come from apt-get (atheris, not packaged, from nowhere)" eval '[ "$got" = "python3-matplotlib
 python3-pytest" ]'
 else
   echo "offline-check: skip the distribution's python3 (no externally managed interpreter here)"

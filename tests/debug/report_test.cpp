@@ -9,6 +9,7 @@
 #include <custody/resource/host_memory.hpp>
 
 #include "../support/catch.hpp"
+#include "../support/planted_links.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -532,4 +533,27 @@ TEST_CASE("the trace grows with the timeline, not with samples x owners", "[debu
             CHECK(t[1] == gone);
         }
     }
+}
+
+TEST_CASE("a report is written as a new file: links planted at its name are never written through",
+          "[debug][json]") {
+    const rank_report r = sample_report(0, 1, 2);
+    scratch_file victim("report-victim", custody_test::victim_text);
+    scratch_file hard_victim("report-hard-victim", custody_test::victim_text);
+    scratch_file at("report-at.json");
+    for (int k = 0; k < 3; ++k) {
+        INFO("planted: " << (k == 0 ? "a symbolic link" : k == 1 ? "a hard link" : "a link at the temporary name"));
+        std::filesystem::remove(at.path);
+        if (k == 0) REQUIRE(custody_test::plant_symlink(victim.path, at.path));
+        if (k == 1) REQUIRE(custody_test::plant_hard_link(hard_victim.path, at.path));
+        if (k == 2) REQUIRE(custody_test::plant_symlink(victim.path, custody_test::old_temporary_name(at.path)));
+        write_json_report(r, at.path);
+        CHECK(custody_test::file_text(victim.path) == custody_test::victim_text);
+        CHECK(custody_test::file_text(hard_victim.path) == custody_test::victim_text);
+        CHECK(custody_test::is_own_regular_file(at.path));
+        CHECK(parse_rank_report(custody_test::file_text(at.path)).tracker == "rank0");
+        std::filesystem::remove(custody_test::old_temporary_name(at.path));
+    }
+    // A report that cannot be written leaves the name as it was.
+    CHECK_THROWS_AS(write_json_report(r, "/nonexistent-dir/report.json"), custody::error);
 }

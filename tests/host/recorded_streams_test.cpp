@@ -1,5 +1,6 @@
 // resource/recorded_streams.hpp: a block used on a side stream is reused only after that stream's
 // work, over the stream-ordered pool on the host platform.
+#include <custody/core/detail/layers.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 #include <custody/resource/recorded_streams.hpp>
@@ -111,4 +112,69 @@ TEST_CASE("trim gives held blocks back before trimming the pool", "[resource][re
     CHECK(r.held_blocks() == 0);
     CHECK(r.statistics().reserved_bytes == 0);
     CHECK(r.statistics().live_bytes == 0);
+}
+
+TEST_CASE("while a capture is routed through the pool, held blocks' events are neither queried nor recorded",
+          "[resource][record][graph]") {
+    setting t;
+    auto& [r, a, side] = t;
+    custody::host::stream captured;
+    // Held before the capture, for the side stream's work: what allocate and release would query.
+    void* early = r.allocate(a, block, 256);
+    custody::test::stream_gate<platform> gate(side);
+    r.record(early, side);
+    r.deallocate(a, early, block, 256);
+    REQUIRE(r.held_blocks() == 1);
+
+    const custody::pool::capture_pool_id id = r.upstream().make_capture_pool_id();
+    r.upstream().begin_allocate_to_pool(id, captured); // as PyTorch: the route opens first
+    platform::begin_capture(captured, custody::capture_mode::global);
+    CHECK(custody::detail::capture_underway(r));
+    void* inside = r.allocate(captured, block, 256); // an event query here would break the capture
+    platform::memset_async(inside, 0x3c, block, captured);
+    r.record(inside, side);                // the side stream uses it too
+    r.deallocate(captured, inside, block, 256); // held, its event deferred: recorded on side now,
+    CHECK(r.held_blocks() == 2);                // it could never be waited for by the replay
+    CHECK(r.release_held() == 0);               // no host wait during the capture
+    CHECK(r.trim() == 0);
+    custody::host::graph graph = platform::end_capture(captured); // throws if the capture was broken
+    r.upstream().end_allocate_to_pool(id);
+    CHECK_FALSE(custody::detail::capture_underway(r));
+    CHECK(graph.node_count() == 1);
+
+    gate.open();
+    CHECK(r.release_held() == 2); // the deferred event is recorded, then waited for with the other
+    CHECK(r.held_blocks() == 0);
+    CHECK(r.held_bytes() == 0);
+    graph = custody::host::graph{};
+    r.upstream().release_pool(id);
+    platform::synchronize(side);
+    platform::synchronize(a);
+}
+
+TEST_CASE("a block freed during a capture waits, after it, for the work its side stream had then",
+          "[resource][record][graph]") {
+    setting t;
+    auto& [r, a, side] = t;
+    custody::host::stream captured;
+    const custody::pool::capture_pool_id id = r.upstream().make_capture_pool_id();
+    r.upstream().begin_allocate_to_pool(id, captured);
+    platform::begin_capture(captured, custody::capture_mode::global);
+    void* inside = r.allocate(captured, block, 256);
+    r.record(inside, side);
+    r.deallocate(captured, inside, block, 256);
+    custody::host::graph graph = platform::end_capture(captured);
+    r.upstream().end_allocate_to_pool(id);
+    {
+        custody::test::stream_gate<platform> gate(side); // work the side stream has once the capture ended
+        void* other = r.allocate(a, block, 256);         // records the deferred event, behind the gate
+        CHECK(r.held_blocks() == 1);
+        CHECK(r.release_completed() == 0); // the side stream's work is not done
+        r.deallocate(a, other, block, 256);
+    }
+    platform::synchronize(side);
+    CHECK(r.release_completed() == 1);
+    graph = custody::host::graph{};
+    r.upstream().release_pool(id);
+    platform::synchronize(a);
 }

@@ -11,10 +11,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 using custody::interop::device_lock;
@@ -153,4 +156,80 @@ TEST_CASE("a lock directory that cannot be used is a rank_error naming it", "[in
     CHECK(std::filesystem::exists(lock.path()));
     CHECK(lock.holds());
     CHECK_FALSE(device_lock{}.holds());
+}
+
+TEST_CASE("a claim returned is a claim held, while other threads of the process claim and release the id",
+          "[interop][device_lock]") {
+    temp_dir dir;
+    device_lock_options options;
+    options.directory = dir.path.string();
+    constexpr int threads = 8;
+    constexpr int rounds = 3000;
+    std::atomic<int> empty{0};
+    std::atomic<int> errors{0};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+            for (int i = 0; i < rounds; ++i) {
+                try {
+                    const device_lock lock = device_lock::claim("GPU-stress", t, 0, options);
+                    if (!lock.holds()) empty.fetch_add(1);
+                } catch (const std::exception&) {
+                    errors.fetch_add(1);
+                }
+            }
+        });
+    }
+    for (auto& th : pool) th.join();
+    CHECK(empty.load() == 0);
+    CHECK(errors.load() == 0);
+    // Nothing is left held: another process claims the id at once.
+    worker after(dir.path.string(), "GPU-stress", 9);
+    CHECK(after.line() == "claimed rank 9");
+}
+
+TEST_CASE("a lock file planted as a link, a hard link or another user's file is refused", "[interop][device_lock]") {
+    temp_dir dir;
+    device_lock_options options;
+    options.directory = dir.path.string();
+    const std::string victim = (dir.path / "victim").string();
+    const std::string text = "someone else's file\n";
+    const auto plant = [&] {
+        FILE* f = std::fopen(victim.c_str(), "w");
+        REQUIRE(f != nullptr);
+        std::fputs(text.c_str(), f);
+        std::fclose(f);
+    };
+    const auto victim_text = [&] {
+        char buffer[128] = {};
+        FILE* f = std::fopen(victim.c_str(), "r");
+        if (f == nullptr) return std::string();
+        const std::size_t n = std::fread(buffer, 1, sizeof buffer - 1, f);
+        std::fclose(f);
+        return std::string(buffer, n);
+    };
+    const std::string lock_path = (dir.path / "gpu-GPU-planted.lock").string();
+    plant();
+
+    SECTION("a symbolic link") { REQUIRE(::symlink(victim.c_str(), lock_path.c_str()) == 0); }
+    SECTION("a hard link") { REQUIRE(::link(victim.c_str(), lock_path.c_str()) == 0); }
+    SECTION("a file of another user") {
+        if (::geteuid() != 0) {
+            WARN("not checked: giving a file to another user needs root");
+            return;
+        }
+        REQUIRE(::rename(victim.c_str(), lock_path.c_str()) == 0);
+        REQUIRE(::chown(lock_path.c_str(), 65534, 65534) == 0);
+        plant();
+    }
+    SECTION("a directory") { REQUIRE(::mkdir(lock_path.c_str(), 0700) == 0); }
+    SECTION("a named pipe") { REQUIRE(::mkfifo(lock_path.c_str(), 0600) == 0); }
+
+    CHECK_THROWS_AS(device_lock::claim("GPU-planted", 0, 0, options), custody::rank_error);
+    CHECK(victim_text() == text);
+    // The claim took nothing: once the plant is gone, the id is claimed as usual.
+    std::filesystem::remove_all(lock_path);
+    const auto lock = device_lock::claim("GPU-planted", 0, 0, options);
+    CHECK(lock.holds());
+    CHECK(victim_text() == text);
 }

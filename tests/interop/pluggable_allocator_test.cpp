@@ -105,7 +105,7 @@ TEST_CASE("graph capture through the hooks PyTorch calls: a filter routes the ca
     REQUIRE(alloc.begin_allocate_to_pool(0, id, [capture](custody::host::stream_view v) {
         return host_platform::query_capture(v).id == capture;
     }));
-    CHECK_FALSE(alloc.begin_allocate_to_pool(0, id, {})); // already being allocated to
+    CHECK_FALSE(alloc.begin_allocate_to_pool(0, id, custody::host::stream_view{})); // already being allocated to
     CHECK(std::string(alloc.last_error()).find("already") != std::string::npos);
     void* p = alloc.alloc(4096, 0, s);
     REQUIRE(p != nullptr);
@@ -129,7 +129,7 @@ TEST_CASE("graph capture through the hooks PyTorch calls: a filter routes the ca
 TEST_CASE("the capture hooks fail cleanly for a resource without capture pools", "[interop][torch][capture]") {
     pluggable_allocator<simulated_device_memory> alloc(
         1, [](int device) { return std::make_unique<simulated_device_memory>(device, 1 << 20); });
-    CHECK_FALSE(alloc.begin_allocate_to_pool(0, {1, 2}, {}));
+    CHECK_FALSE(alloc.begin_allocate_to_pool(0, {1, 2}, custody::host::stream_view{}));
     CHECK(std::string(alloc.last_error()).find("capture") != std::string::npos);
     CHECK_FALSE(alloc.release_pool(0, {1, 2}));
 }

@@ -8,9 +8,12 @@
 
 #include "../support/catch.hpp"
 #include "../support/cuda_presence.hpp"
+#include "../support/cuda_stream_gate.hpp"
 
 #include <dlfcn.h>
 
+#include <chrono>
+#include <future>
 #include <string>
 
 #ifndef CUSTODY_TORCH_CUDA_PLUGIN_PATH
@@ -64,4 +67,31 @@ TEST_CASE("the CUDA build loads and serves the visible devices", "[interop][torc
     REQUIRE(stats(0, &s) == 0);
     CHECK(s.live_bytes == 0);
     CHECK(s.reserved_bytes == 0);
+}
+
+TEST_CASE("PyTorch's default stream (nullptr) is served stream-ordered, never by a host wait",
+          "[interop][torch]") {
+    const auto presence = custody_test::probe_cuda();
+    if (presence.devices == 0) return; // checked by the case above
+    void* handle = dlopen(CUSTODY_TORCH_CUDA_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
+    REQUIRE(handle != nullptr);
+    const auto torch_malloc = symbol<decltype(&custody_torch_malloc)>(handle, "custody_torch_malloc");
+    const auto free = symbol<decltype(&custody_free)>(handle, "custody_free");
+    constexpr ssize_t n = ssize_t{64} << 20; // record_bytes: its free is covered by an event at once
+    custody::cuda::stream side(0);
+    void* p = torch_malloc(n, 0, side.view().get());
+    REQUIRE(p != nullptr);
+    custody::test::stream_gate<custody::cuda::platform> gate(side.view()); // p's free stays pending
+    free(p, n, 0, side.view().get());
+    // The default stream may take p behind side's event (a stream wait); as the synchronous pair it
+    // would wait for that event on the host, which the gate holds back.
+    auto taken = std::async(std::launch::async, [&] { return torch_malloc(n, 0, nullptr); });
+    const bool returned = taken.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+    gate.open();
+    CHECK(returned); // false: the allocation waited on the host for the gated stream
+    void* q = taken.get();
+    REQUIRE(q != nullptr);
+    REQUIRE(cudaMemsetAsync(q, 0, static_cast<std::size_t>(n), nullptr) == cudaSuccess);
+    free(q, n, 0, nullptr);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
 }

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstddef>
 #include <new>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -45,6 +46,10 @@ TEST_CASE("capture pool: release is deferred while blocks are out and refused wh
     pool_type pool(pool_options{}, 0, device_bytes);
     custody_test::case_release_rules(pool);
 }
+TEST_CASE("capture pool: a route abandoned by its release is ended, and trim collects its memory", "[pool][capture]") {
+    pool_type pool(pool_options{}, 0, device_bytes);
+    custody_test::case_abandoned_route(pool);
+}
 TEST_CASE("capture pool: ordinary allocations during a capture are unaffected and keep it valid", "[pool][capture]") {
     pool_type pool(pool_options{}, 0, device_bytes);
     custody_test::case_ordinary_during_capture(pool);
@@ -72,6 +77,33 @@ TEST_CASE("capture pool: without a capture the pool asks nothing and an untold c
     CHECK(pool.detailed_statistics().capture_live_block_bytes == 0);
     static_cast<void>(platform::end_capture(s));
     pool.deallocate(s, p, 4096, 256);
+}
+
+namespace {
+/// A device's memory as cudaMemGetInfo tells it: a potentially unsafe call while a capture is open,
+/// which the host platform refuses (and invalidates the capture) outside a relaxed capture mode.
+std::optional<custody::device_memory> unsafe_memory_info(int) {
+    platform::check_unsafe_call("cudaMemGetInfo");
+    return custody::device_memory{device_bytes, device_bytes};
+}
+} // namespace
+
+TEST_CASE("capture pool: the first growth of a capture asks the device's memory under a relaxed mode only",
+          "[pool][capture]") {
+    pool_options o;
+    o.memory_info = &unsafe_memory_info;
+    o.device_headroom = 0;
+    pool_type pool(o, 0, device_bytes);
+    custody::host::stream s;
+    capture_scope scope(pool, s); // global mode: a potentially unsafe call outside relaxed breaks it
+    void* p = pool.allocate(s, 4096, 256); // the private pool's first chunk, after asking the device
+    platform::memset_async(p, 0x61, 4096, s);
+    CHECK(platform::query_capture(s).status == capture_status::active);
+    custody::pool::captured_graph g = scope.end();
+    g.launch(s);
+    CHECK(custody_test::holds_cookie<platform>(s, p, 4096, 0x61));
+    pool.deallocate(s, p, 4096, 256);
+    g.reset();
 }
 
 TEST_CASE("capture pool: failures injected during a capture leave the pool and the capture as they were",

@@ -54,8 +54,11 @@ TEST_CASE("a failure of the upstream at any call leaves the pool consistent and 
                 }
             }
             if (i % 40 == 39) pool.trim();
+            check_announced(pool, live);
         }
         for (auto [p, n, s] : live) pool.deallocate(s, p, n, 256);
+        live.clear();
+        check_announced(pool, live);
         pool.upstream().disarm();
     };
     pool_options o;
@@ -163,6 +166,7 @@ TEST_CASE("a seeded random workload matches a reference model exactly", "[pool][
                 for (const auto& st : streams) platform::synchronize(st);
             }
             if (op % 500 == 0) check_accounting(pool);
+            check_announced(pool, live);
             const auto s = pool.statistics();
             REQUIRE(s.live_bytes == live_bytes);
             REQUIRE(s.live_allocations == live.size());

@@ -133,6 +133,10 @@ TEST_CASE("cuda capture pool: release is deferred while blocks are out, refused 
     pool_type pool(capture_options(), 0);
     custody_test::case_release_rules(pool);
 }
+TEST_CASE("cuda capture pool: a route abandoned by its release is ended, and trim collects its memory", "[pool][cuda][graph]") {
+    pool_type pool(capture_options(), 0);
+    custody_test::case_abandoned_route(pool);
+}
 TEST_CASE("cuda capture pool: ordinary allocations during a capture are unaffected and keep it valid", "[pool][cuda][graph]") {
     pool_type pool(capture_options(), 0);
     custody_test::case_ordinary_during_capture(pool);
@@ -277,6 +281,41 @@ TEST_CASE("cuda: trim gives the driver pool's memory back to the device", "[pool
     REQUIRE(before.has_value());
     REQUIRE(after.has_value());
     CHECK(after->free >= before->free + n); // usable by cudaMalloc, NCCL, cuBLAS again
+}
+
+TEST_CASE("cuda: a capture on a blocking stream grows its private pool over cudaMallocAsync and stays valid",
+          "[pool][cuda][graph]") {
+    // The legacy default stream takes part implicitly in the capture of a blocking stream: memory
+    // taken on it (cudaMallocFromPoolAsync(..., 0)) would invalidate the capture.
+    using async_pool = stream_ordered_pool<custody::resource::cuda_async>;
+    custody_pool_test::failure_log log;
+    async_pool pool(pool_options{}, 0);
+    cudaStream_t blocking = nullptr;
+    REQUIRE(cudaStreamCreate(&blocking) == cudaSuccess);
+    const custody::pool::capture_pool_id id = pool.make_capture_pool_id();
+    pool.begin_allocate_to_pool(id, platform::stream_view(blocking)); // before the capture, as PyTorch
+    REQUIRE(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    void* p = pool.allocate(blocking, std::size_t{6} << 20, 256); // the private pool's first chunk
+    REQUIRE(p != nullptr);
+    CHECK(cudaMemsetAsync(p, 0x2b, std::size_t{6} << 20, blocking) == cudaSuccess);
+    CHECK(platform::query_capture(blocking).status == custody::capture_status::active);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(blocking, &graph) == cudaSuccess); // fails if the capture was broken
+    pool.end_allocate_to_pool(id);
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, blocking) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(blocking) == cudaSuccess);
+    unsigned char last = 0;
+    REQUIRE(cudaMemcpy(&last, static_cast<unsigned char*>(p) + (std::size_t{6} << 20) - 1, 1, cudaMemcpyDeviceToHost) ==
+            cudaSuccess);
+    CHECK(last == 0x2b);
+    pool.deallocate(blocking, p, std::size_t{6} << 20, 256);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    pool.release_pool(id);
+    cudaStreamDestroy(blocking);
+    CHECK(log.lines().empty());
 }
 
 int main(int argc, char** argv) {

@@ -12,6 +12,15 @@
 #include "../support/failure_log.hpp"
 
 #include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+
+#ifdef CUSTODY_TEST_ANNOUNCED
+#include "../nvtx/recording.hpp"
+
+#include <map>
+#endif
 
 namespace custody_pool_test {
 
@@ -40,6 +49,33 @@ void check_accounting(const Pool& pool) {
     CHECK(p.totals.live_allocations == p.totals.allocations - p.totals.deallocations);
     CHECK(p.totals.peak_reserved_bytes >= p.totals.reserved_bytes);
     CHECK(p.totals.peak_live_bytes >= p.totals.live_bytes);
+}
+
+/// A live block of a test's model as (address, requested bytes).
+template <class Block>
+std::pair<std::uintptr_t, std::size_t> announced_entry(const std::pair<const std::uintptr_t, Block>& e) {
+    return {e.first, e.second.bytes};
+}
+template <class Stream>
+std::pair<std::uintptr_t, std::size_t> announced_entry(const std::tuple<void*, std::size_t, Stream>& e) {
+    return {reinterpret_cast<std::uintptr_t>(std::get<0>(e)), std::get<1>(e)};
+}
+
+/// What CUDA's tools were told matches the pool: exactly the blocks of `live` are regions, with
+/// their requested sizes; the heaps hold exactly the pool's reserve; no call broke NVTX's rules.
+/// Checked where these tests are built again with the NVTX recording tool loaded (tests/nvtx, which
+/// defines CUSTODY_TEST_ANNOUNCED); nothing in the pool suite. Only one pool may be alive.
+template <class Pool, class Live>
+void check_announced([[maybe_unused]] const Pool& pool, [[maybe_unused]] const Live& live) {
+#ifdef CUSTODY_TEST_ANNOUNCED
+    std::map<std::uintptr_t, std::size_t> expected;
+    for (const auto& e : live) expected.insert(announced_entry(e));
+    const custody_nvtx_test::recording r = custody_nvtx_test::read();
+    for (const auto& v : r.violations) FAIL_CHECK(v);
+    REQUIRE(r.violations.empty());
+    REQUIRE(r.region_sizes() == expected);
+    REQUIRE(r.heap_bytes() == pool.statistics().reserved_bytes);
+#endif
 }
 
 /// A pool of `chunks` chunks of `n` bytes whose streams record their event at every free, so that

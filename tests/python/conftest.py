@@ -43,13 +43,39 @@ def run_script(path, env=None, args=()):
     return done
 
 
+def cuda_torch_missing():
+    """Why the cases that need PyTorch on a GPU cannot run here, or None when they can."""
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed"
+    if custody.library().platform != "cuda":
+        return "CUSTODY_LIBRARY is not the CUDA build"
+    done = run_python("import torch; print(torch.cuda.is_available())", check=False)
+    if done.stdout.strip() != "True":
+        return "no CUDA device"
+    return None
+
+
 @pytest.fixture(scope="session")
 def lib():
     return custody.library()
 
 
+def host_library_path():
+    """The host build of the allocator library: CUSTODY_LIBRARY's library when it is the host build,
+    else the host build beside it (a build of the CUDA library makes both), else None."""
+    if custody.library().platform == "host":
+        return custody.library_path()
+    beside = pathlib.Path(custody.library_path()).with_name("libcustody_torch_allocator_host.so")
+    return str(beside) if beside.exists() else None
+
+
 @pytest.fixture
-def host_lib(lib):
-    if lib.platform != "host":
+def host_lib(monkeypatch):
+    """The host build (virtual devices), made the library of this process's calls and of the
+    snippets it runs: its cases run wherever the host build is, beside the CUDA build too."""
+    path = host_library_path()
+    if path is None:
         pytest.skip("needs the host build of the allocator library (virtual devices)")
-    return lib
+    monkeypatch.setenv("CUSTODY_LIBRARY", path)
+    return custody.library(path)

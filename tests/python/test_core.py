@@ -1,4 +1,5 @@
 """The package's core over the host build of the allocator library: no PyTorch, no GPU."""
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -70,10 +71,10 @@ def test_memory_summary_names_the_device_and_its_counters(host_lib):
 
 
 def test_capture_hooks_reach_the_pool_and_refuse_what_it_refuses(host_lib):
-    # The host build's default stream is never capturing; capture itself is driven from C++
-    # (tests/interop/torch_dlopen_test.cpp) and on a GPU (test_torch.py).
+    # The route opens on the stream about to be captured, never the default stream; capture itself
+    # is driven from C++ (tests/interop/torch_dlopen_test.cpp) and on a GPU (test_torch.py).
     before = host_lib.stats(5)
-    with pytest.raises(custody.CustodyError, match="not capturing"):
+    with pytest.raises(custody.CustodyError, match="not the default stream"):
         host_lib.begin_allocate_to_pool(5, (21, 0), None)
     host_lib.alloc(0, 5)  # makes device 5's pool, so that the refusals below come from it
     with pytest.raises(custody.CustodyError, match="custody"):
@@ -166,3 +167,123 @@ def test_a_second_rank_on_the_same_gpu_fails_naming_both_ranks(host_lib, tmp_pat
         import custody
         custody.claim_device("GPU-test-uuid", 0, rank=1)   # free again once the holder exited
     """, env={"CUSTODY_RUNTIME_DIR": tmp_path})
+
+
+def test_memory_stats_count_segments_device_calls_and_active_blocks(host_lib):
+    before = custody.memory_stats(6)
+    assert {"segment.all.current", "num_device_alloc", "num_device_free", "active.all.current"} <= set(before)
+    block = host_lib.alloc(5 << 20, 6)
+    during = custody.memory_stats(6)
+    assert during["segment.all.current"] >= before["segment.all.current"] + 1
+    assert during["num_device_alloc"] >= before["num_device_alloc"] + 1
+    assert during["active.all.current"] == before["active.all.current"] + 1
+    host_lib.free(block, 5 << 20, 6)
+    host_lib.trim(6)
+    after = custody.memory_stats(6)
+    assert after["segment.all.current"] == 0
+    assert after["num_device_free"] == after["num_device_alloc"]
+
+
+def test_set_max_bytes_caps_a_device_before_and_after_its_pool_exists(host_lib):
+    run_python("""
+        import custody
+        lib = custody.library()
+        lib.set_max_bytes(1, 8 << 20)             # before the pool exists: its cap
+        try:
+            lib.alloc(12 << 20, 1)
+        except custody.OutOfMemoryError:
+            pass
+        else:
+            raise AssertionError("the cap set before the pool was not applied")
+        block = lib.alloc(4 << 20, 2)             # the pool exists, uncapped
+        lib.set_max_bytes(2, 6 << 20)             # then capped: no growth beyond 6 MiB
+        try:
+            lib.alloc(8 << 20, 2)
+        except custody.OutOfMemoryError as e:
+            assert "out of memory" in str(e), e
+        else:
+            raise AssertionError("the cap set on a running pool was not applied")
+        lib.free(block, 4 << 20, 2)
+        try:
+            lib.set_max_bytes(42, 1)
+        except custody.CustodyError as e:
+            assert "no device 42" in str(e), e
+        else:
+            raise AssertionError("a bad device was accepted")
+    """)
+
+
+def test_the_out_of_memory_callback_gets_custodys_diagnostics_before_the_error(host_lib):
+    done = run_python("""
+        import custody, custody.torch
+        seen = []
+        custody.torch.on_out_of_memory(seen.append)
+        try:
+            custody.library().alloc(1 << 50, 3)
+        except custody.OutOfMemoryError as e:
+            assert len(seen) == 1, seen            # told before the error reached the caller
+            info = seen[0]
+            assert info["device"] == 3 and info["requested_bytes"] == 1 << 50, info
+            assert "custody: out of memory" in info["diagnostics"] and "reserved" in info["diagnostics"], info
+            assert info["stats"]["num_ooms"] == 1, info["stats"]
+            assert str(e).startswith(info["diagnostics"][:40]), (str(e), info)
+        else:
+            raise AssertionError("an impossible allocation succeeded")
+        custody.torch.on_out_of_memory(None)
+        try:
+            custody.library().alloc(1 << 50, 3)
+        except custody.OutOfMemoryError:
+            pass
+        assert len(seen) == 1, "a removed callback was called"
+        print("ok")
+    """)
+    assert done.stdout.strip() == "ok"
+
+
+def test_a_gpu_is_named_as_custodys_cpp_claims_name_it(host_lib):
+    name = host_lib.device_name(3)
+    assert name == "GPU-686f7374-0000-0000-0000-000000000003"  # interop/gpu_name.hpp's format
+    with pytest.raises(custody.CustodyError, match="no device 99"):
+        host_lib.device_name(99)
+
+
+def test_the_package_loads_the_cuda_build_only_where_a_device_is_present(host_lib, tmp_path, monkeypatch):
+    from custody import _library
+    host = pathlib.Path(host_lib.path)
+    cuda = host.with_name("libcustody_torch_allocator.so")
+    (tmp_path / host.name).symlink_to(host)
+    monkeypatch.delenv("CUSTODY_LIBRARY")
+    path, why = _library.library_choice(tmp_path)
+    assert path == str(tmp_path / host.name) and "host build" in why, why
+    if cuda.exists():  # the CUDA build of this build tree: no device here, or one on a GPU machine
+        (tmp_path / cuda.name).symlink_to(cuda)
+        path, why = _library.library_choice(tmp_path)
+        if _library._cuda_devices(cuda) == 0:
+            assert path == str(tmp_path / host.name) and "no CUDA device" in why, why
+        else:
+            assert path == str(tmp_path / cuda.name) and "a CUDA device is present" in why, why
+    monkeypatch.setenv("CUSTODY_LIBRARY", str(host))
+    assert _library.library_choice(tmp_path) == (str(host), "CUSTODY_LIBRARY")
+
+
+def test_mempool_backings_hand_out_segments_synchronously_and_count_them(host_lib):
+    import ctypes
+    raw = ctypes.CDLL(host_lib.path)
+    assert host_lib.mempool_backings == ("pool", "vmm")
+    for backing in host_lib.mempool_backings:
+        alloc = getattr(raw, "custody_mempool_%s_alloc" % backing)
+        free = getattr(raw, "custody_mempool_%s_free" % backing)
+        alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        free.restype, free.argtypes = None, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        segment = alloc(20 << 20, 4, None)  # PyTorch's large segment
+        assert segment, host_lib.last_error()
+        ctypes.memset(segment, 0x5A, 20 << 20)  # usable at once, whatever stream PyTorch named
+        stats = host_lib.mempool_stats(backing, 4)
+        assert stats["live_bytes"] == 20 << 20 and stats["live_allocations"] == 1, (backing, stats)
+        assert not alloc(1 << 50, 4, None)  # out of memory: NULL, as PyTorch's MemPool expects
+        assert "out of memory" in host_lib.last_error() or "no memory" in host_lib.last_error(), host_lib.last_error()
+        free(segment, 20 << 20, 4, None)
+        assert host_lib.mempool_stats(backing, 4)["live_bytes"] == 0
+        assert custody.memory_stats(4)["allocated_bytes.all.current"] == 0  # apart from the whole-process pools
+    with pytest.raises(custody.CustodyError, match="no MemPool backing 'sleepy'"):
+        host_lib.mempool_stats("sleepy", 4)

@@ -82,7 +82,8 @@ def test_installed_python_tools_run_with_the_venvs_interpreter(tmp_path):
     done = subprocess.run([str(python), "-m", "pip", "install", "--no-index", "--no-deps", "--disable-pip-version-check",
                            "--no-cache-dir", str(wheel)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    for script in SCRIPTS:
+    # The programs; a module beside them (custody_output.py, which they import) is installed as it is.
+    for script in (s for s in SCRIPTS if s.suffix != ".py"):
         installed = python.parent / script.name
         first = installed.read_text().split("\n", 1)[0]
         assert first == "#!" + str(python), "%s starts with %r, not the venv's interpreter" % (installed, first)

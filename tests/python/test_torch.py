@@ -5,23 +5,11 @@ import importlib.util
 
 import pytest
 
-from conftest import ROOT, run_python, run_script
-
-import custody
+from conftest import ROOT, cuda_torch_missing, run_python, run_script
 
 
-def _cuda_ready():
-    if importlib.util.find_spec("torch") is None:
-        return "PyTorch is not installed"
-    if custody.library().platform != "cuda":
-        return "CUSTODY_LIBRARY is not the CUDA build"
-    done = run_python("import torch; print(torch.cuda.is_available())", check=False)
-    if done.stdout.strip() != "True":
-        return "no CUDA device"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_cuda_ready() is not None, reason=str(_cuda_ready()))
+_MISSING = cuda_torch_missing()
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 
 PRELUDE = """
 import torch, custody, custody.torch
@@ -97,16 +85,21 @@ assert custody.library().stats(0)["held_bytes"] == 0
 
 
 def test_empty_cache_returns_memory_to_the_device():
+    # Measures what custody owns (its reserve, the bytes its pools gave back), not the device's free
+    # memory, which other processes on the GPU move.
     run_python(PRELUDE + """
 x = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 del x
 torch.cuda.synchronize()
-before = torch.cuda.mem_get_info()[0]
 assert torch.cuda.memory_reserved() >= 256 << 20
-torch.cuda.empty_cache()
+segments = torch.cuda.memory_stats()["segment.all.current"]
+assert segments >= 1
+given = custody.library().empty_cache()
 torch.cuda.synchronize()
+assert given >= 256 << 20, given
 assert torch.cuda.memory_reserved() == 0
-assert torch.cuda.mem_get_info()[0] >= before + (256 << 20) - (2 << 20)
+stats = torch.cuda.memory_stats()
+assert stats["segment.all.current"] == 0 and stats["num_device_free"] >= segments, stats
 """)
 
 
@@ -196,3 +189,133 @@ def test_the_worked_example_under_torchrun(tmp_path):
 def torch_device_count():
     import torch
     return torch.cuda.device_count()
+
+
+def test_memory_stats_keys_are_pytorchs_own():
+    native = run_python("""
+import json, torch
+x = torch.empty(1 << 20, device="cuda")
+print(json.dumps(sorted(torch.cuda.memory_stats())))
+""")
+    import json
+    from custody import stats
+    keys = set(json.loads(native.stdout.strip().splitlines()[-1]))
+    assert set(stats.PYTORCH_KEYS) <= keys, set(stats.PYTORCH_KEYS) - keys
+
+
+def test_a_graph_captured_with_torch_cuda_graph_and_an_empty_cache_inside_replays():
+    run_python(PRELUDE + """
+x = torch.ones(1 << 20, device="cuda")
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g, pool=torch.cuda.graph_pool_handle()):
+    y = x * 2
+    torch.cuda.empty_cache()   # what libraries do defensively: must not break the capture
+    z = y + 1
+x.fill_(3.0)
+g.replay()
+torch.cuda.synchronize()
+assert torch.equal(z, torch.full_like(x, 7.0)), z[:4]
+""")
+
+
+def test_record_stream_of_a_tensor_on_the_default_stream():
+    run_python(PRELUDE + """
+side = torch.cuda.Stream()
+x = torch.ones(16 << 20, dtype=torch.uint8, device="cuda")   # PyTorch's default stream (handle 0)
+with torch.cuda.stream(side):
+    torch.cuda._sleep(100_000_000)
+    x.add_(1)
+x.record_stream(side)
+del x
+assert custody.library().stats(0)["held_bytes"] >= 16 << 20
+side.synchronize()
+y = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
+assert custody.library().stats(0)["held_bytes"] == 0
+""")
+
+
+def test_set_per_process_memory_fraction_caps_custodys_pool():
+    run_python(PRELUDE + """
+total = torch.cuda.get_device_properties(0).total_memory
+torch.cuda.set_per_process_memory_fraction(0.05)
+assert torch.cuda.get_per_process_memory_fraction() == 0.05
+try:
+    torch.empty(int(total * 0.06), dtype=torch.uint8, device="cuda")
+except RuntimeError as e:
+    assert "custody: out of memory" in str(e), e
+else:
+    raise AssertionError("the fraction did not cap the pool")
+ok = torch.empty(int(total * 0.02), dtype=torch.uint8, device="cuda")
+""")
+
+
+def test_the_out_of_memory_callback_runs_before_pytorch_raises():
+    run_python(PRELUDE + """
+seen = []
+custody.torch.on_out_of_memory(seen.append)
+free, total = torch.cuda.mem_get_info()
+try:
+    torch.empty(total * 2, dtype=torch.uint8, device="cuda")
+except RuntimeError as e:
+    assert len(seen) == 1 and seen[0]["requested_bytes"] >= total * 2, seen
+    assert seen[0]["diagnostics"] in str(e) or "custody: out of memory" in seen[0]["diagnostics"], seen
+else:
+    raise AssertionError("an impossible allocation returned a tensor")
+""")
+
+
+def test_pytorchs_snapshot_calls_write_custodys_snapshot_which_its_viewer_reads(tmp_path):
+    run_python("""
+import pickle, sys, torch, custody, custody.torch
+custody.torch.enable(tracking=True)
+torch.cuda.memory._record_memory_history(max_entries=10000)
+with custody.torch.owner("weights"):
+    w = torch.randn(1024, 1024, device="cuda")
+with custody.torch.owner("activations"):
+    a = w @ w
+    del a
+torch.cuda.memory._dump_snapshot(sys.argv[1])
+snap = pickle.load(open(sys.argv[1], "rb"))
+from torch.cuda import _memory_viz
+print(_memory_viz.segsum(snap))
+assert "weights" in _memory_viz.memory(snap, format_flamegraph=lambda t: t)
+assert any(e["action"] == "alloc" and e["user_metadata"] == "activations" for e in snap["device_traces"][0])
+assert torch.cuda.memory._snapshot()["segments"]
+""", args=[tmp_path / "snap.pickle"])
+
+
+MEMPOOL = """
+import sys, torch, custody, custody.torch
+backing = sys.argv[1]
+torch.zeros(1, device="cuda")                    # CUDA is initialized: PyTorch's allocator serves
+pool = custody.torch.mem_pool(backing)
+with torch.cuda.use_mem_pool(pool):
+    kv = torch.full((64 << 20,), 2.0, device="cuda")
+    small = torch.ones(1000, device="cuda")
+outside = torch.ones(1 << 20, device="cuda")    # PyTorch's own pool again
+stats = custody.torch.mem_pool_stats(backing)
+assert stats["allocated_bytes.all.current"] >= (64 << 20) * 4, stats   # custody holds PyTorch's segments
+assert float(kv.sum()) == 2.0 * (64 << 20) and float(small.sum()) == 1000.0
+assert outside.data_ptr() != kv.data_ptr()
+del kv, small
+torch.cuda.synchronize()
+del pool
+import gc; gc.collect()
+torch.cuda.empty_cache()
+assert custody.torch.mem_pool_stats(backing)["allocated_bytes.all.current"] == 0, custody.torch.mem_pool_stats(backing)
+"""
+
+
+@pytest.mark.parametrize("backing", ["pool", "vmm"])
+def test_a_torch_mempool_over_custody_serves_its_scope(backing):
+    run_python(MEMPOOL, args=[backing])
+
+
+def test_mem_pool_is_refused_under_the_whole_process_switch():
+    done = run_python(PRELUDE + """
+try:
+    custody.torch.mem_pool()
+except custody.CustodyError as e:
+    print(e)
+""")
+    assert "whole process" in done.stdout

@@ -1,6 +1,7 @@
 // A platform for tests that is the host platform with faults a test can arm: a stream's device
 // query that throws (as cudaStreamGetDevice does on a destroyed stream), an event wait that throws,
-// and failures that read as the process exiting (as cudaErrorCudartUnloading does). With nothing
+// an asynchronous copy or fill that cannot be enqueued, and failures that read as the process
+// exiting (as cudaErrorCudartUnloading does). With nothing
 // armed it behaves exactly as host::platform. Plus `faulty_memory`, host memory on it.
 #pragma once
 
@@ -37,18 +38,35 @@ struct platform_faults {
     static inline std::atomic<int> stream_device{0}; ///< faulty_platform::stream_device on a stream
     static inline std::atomic<int> event_synchronize{0};
     static inline std::atomic<int> stream_synchronize{0}; ///< faulty_platform::synchronize on a stream
+    /// The n-th memcpy_async (memset_async) from now fails (0: none); counted down by every call.
+    static inline std::atomic<int> copy_at{0};
+    static inline std::atomic<int> fill_at{0};
+    /// The n-th faulty_event::synchronize from now fails (0: none); counted down by every call.
+    static inline std::atomic<int> event_wait_at{0};
     static inline std::atomic<bool> exiting{false};
 
     static void reset() noexcept {
         stream_device = 0;
         event_synchronize = 0;
         stream_synchronize = 0;
+        copy_at = 0;
+        fill_at = 0;
+        event_wait_at = 0;
         exiting = false;
     }
     /// Takes one failure from `count` if any is left; then throws.
     static void fail_if_armed(std::atomic<int>& count, const char* what) {
         for (int n = count.load(); n > 0;) {
             if (count.compare_exchange_weak(n, n - 1)) throw platform_fault(what, exiting.load());
+        }
+    }
+    /// Counts one call down on `at`; throws when it reaches the armed one.
+    static void fail_at_call(std::atomic<int>& at, const char* what) {
+        for (int n = at.load(); n > 0;) {
+            if (at.compare_exchange_weak(n, n - 1)) {
+                if (n == 1) throw platform_fault(what, exiting.load());
+                return;
+            }
         }
     }
 };
@@ -93,6 +111,7 @@ public:
     [[nodiscard]] bool ready() const noexcept { return event_.ready(); }
     void synchronize() const {
         platform_faults::fail_if_armed(platform_faults::event_synchronize, "faulty event: synchronize failed");
+        platform_faults::fail_at_call(platform_faults::event_wait_at, "faulty event: synchronize failed");
         event_.synchronize();
     }
     [[nodiscard]] const host::event& host_event() const noexcept { return event_; }
@@ -147,9 +166,11 @@ struct faulty_platform {
         return fault != nullptr && fault->exiting();
     }
     static void memcpy_async(void* dst, const void* src, std::size_t bytes, stream_view s) {
+        platform_faults::fail_at_call(platform_faults::copy_at, "faulty stream: memcpy_async failed");
         host::platform::memcpy_async(dst, src, bytes, s.host_view());
     }
     static void memset_async(void* dst, int value, std::size_t bytes, stream_view s) {
+        platform_faults::fail_at_call(platform_faults::fill_at, "faulty stream: memset_async failed");
         host::platform::memset_async(dst, value, bytes, s.host_view());
     }
 };

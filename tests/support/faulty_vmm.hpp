@@ -66,9 +66,11 @@ struct vmm_faults {
     [[noreturn]] static void raise(const char* what) { throw std::system_error(EIO, std::generic_category(), what); }
 };
 
-template <virtual_memory_operations Base>
+/// `Base`'s operations with faults; `Platform` is the platform its memory is said to belong to
+/// (Base's own by default; the faulty host platform for tests that fault copies too).
+template <virtual_memory_operations Base, class Platform = typename Base::platform_type>
 struct basic_faulty_vmm {
-    using platform_type = typename Base::platform_type;
+    using platform_type = Platform;
     using handle = typename Base::handle;
 
     [[nodiscard]] static bool supported(int device) noexcept { return Base::supported(device); }

@@ -156,7 +156,7 @@ void case_shared_pool(Pool& pool) {
 
 /// The hooks a framework calls (PyTorch's beginAllocateToPool/endAllocateToPool/releasePool):
 /// release is deferred while blocks are out and refused when nothing is held; a pool being
-/// allocated to cannot be begun twice; a released id cannot be begun again while it holds memory.
+/// allocated to cannot be begun twice; a released id is never begun again, its memory gone or not.
 template <class Pool>
 void case_release_rules(Pool& pool) {
     using P = typename Pool::platform_type;
@@ -187,9 +187,41 @@ void case_release_rules(Pool& pool) {
     pool.deallocate(s, kept, 8192, 256); // now the memory goes back
     CHECK(pool.detailed_statistics().capture_reserved_bytes == 0);
     CHECK(pool.detailed_statistics().capture_pools == 0);
-    pool.begin_allocate_to_pool(id, s); // gone: the id names a new pool
-    pool.end_allocate_to_pool(id);
-    pool.release_pool(id);
+    CHECK_THROWS_AS(pool.begin_allocate_to_pool(id, s), std::invalid_argument); // released for good
+    CHECK_THROWS_AS(pool.release_pool(id), std::invalid_argument);
+
+    // An id released before it took any memory is released for good too.
+    const custody::pool::capture_pool_id empty = pool.make_capture_pool_id();
+    pool.begin_allocate_to_pool(empty, s);
+    pool.end_allocate_to_pool(empty);
+    pool.release_pool(empty);
+    CHECK_THROWS_AS(pool.begin_allocate_to_pool(empty, s), std::invalid_argument);
+    check_identity(pool.detailed_statistics());
+}
+
+/// A capture abandoned without end_allocate_to_pool (the graph given up and its pool released
+/// while the route is open): the release ends the route, the stream's allocations are ordinary
+/// again, and trim() collects the private memory, which the open route held back for good.
+template <class Pool>
+void case_abandoned_route(Pool& pool) {
+    using P = typename Pool::platform_type;
+    typename P::stream s(0);
+    const custody::pool::capture_pool_id id = pool.make_capture_pool_id();
+    pool.begin_allocate_to_pool(id, s);
+    P::begin_capture(s, custody::capture_mode::global);
+    void* scratch = pool.allocate(s, 8192, 256);
+    pool.deallocate(s, scratch, 8192, 256);
+    static_cast<void>(P::end_capture(s)); // the graph is dropped, never replayed
+    CHECK(pool.detailed_statistics().capture_reserved_bytes != 0);
+    pool.release_pool(id); // no end_allocate_to_pool: the route is abandoned with it
+    pool.trim();
+    CHECK(pool.detailed_statistics().capture_reserved_bytes == 0);
+    CHECK(pool.detailed_statistics().capture_pools == 0);
+    void* ordinary = pool.allocate(s, 8192, 256);
+    CHECK(pool.detailed_statistics().capture_live_block_bytes == 0);
+    pool.deallocate(s, ordinary, 8192, 256);
+    CHECK_THROWS_AS(pool.end_allocate_to_pool(id), std::invalid_argument);
+    CHECK_THROWS_AS(pool.begin_allocate_to_pool(id, s), std::invalid_argument);
     check_identity(pool.detailed_statistics());
 }
 

@@ -195,6 +195,15 @@ class ReplayBadInput(Case):
         huge = self.trace([row(1, "allocate", 2 << 40, 0x1000)], "huge.ctrace")
         self.refused([huge, "pool"], "event 1", "larger than any device")
 
+    def test_numbers_that_do_not_fit_are_refused(self):
+        half = 1 << 63
+        reserve = "%d,0,reference_reserve,0,0x0,0,%d,256,0x0,,"
+        wrapped = self.trace([reserve % (1, half), reserve % (2, half), reserve % (3, half),
+                              row(4, "allocate", 64, 0x1000)], "wrapped.ctrace")
+        self.refused([wrapped, "malloc"], "event 2", "more than 2^64-1 bytes")
+        last = self.trace([row(1, "allocate", 64, 0x1000, device=2147483647)], "device.ctrace")
+        self.refused([last, "malloc"], "device 2147483647")
+
     def test_no_partial_output_on_failure(self):
         bad = self.trace([row(1, "allocate", 64, 0x1000), row(2, "deallocate", 64, 0x2000)], "bad.ctrace")
         out, perfetto = self.path("out.json"), self.path("out.perfetto")

@@ -5,11 +5,15 @@ hostile input (exit 2, a message naming the event or line, no output left behind
 
 usage: import_test.py CUSTODY_IMPORT CUSTODY_TRACE CUSTODY_REPLAY"""
 
+import contextlib
 import csv
 import glob
+import importlib.machinery
+import importlib.util
 import io
 import os
 import pickle
+import resource
 import subprocess
 import sys
 import tempfile
@@ -19,12 +23,27 @@ IMPORT = TRACE_TOOL = REPLAY = None
 MiB = 1 << 20
 
 
-def run(*args):
-    """Runs a command; an argument that is a list (the importer under this Python) is spliced in."""
+def run(*args, timeout=300, limit_memory=None):
+    """Runs a command; an argument that is a list (the importer under this Python) is spliced in.
+    `limit_memory`: the process's address space in bytes (RLIMIT_AS)."""
     command = []
     for a in args:
         command.extend(a if isinstance(a, list) else [str(a)])
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (limit_memory, limit_memory))
+
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=limit if limit_memory else None)
+
+
+def load_importer():
+    """custody-import as a module of this process (its limits can be lowered for a test)."""
+    loader = importlib.machinery.SourceFileLoader("custody_import", IMPORT[1])
+    spec = importlib.util.spec_from_loader("custody_import", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 
 def event(action, addr, size, stream=0, time_us=None, **extra):
@@ -69,9 +88,9 @@ class Case(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         return p
 
-    def refused(self, args, *fragments):
+    def refused(self, args, *fragments, timeout=300):
         out = self.path("refused.ctrace")
-        p = run(IMPORT, *args, "-o", out)
+        p = run(IMPORT, *args, "-o", out, timeout=timeout)
         self.assertEqual(p.returncode, 2, "expected exit 2: " + p.stderr)
         for fragment in fragments:
             self.assertIn(fragment, p.stderr)
@@ -247,6 +266,132 @@ class PyTorchSnapshots(Case):
         refused_with(lambda d: d.pop("device_traces"), "has no 'device_traces'")
         refused_with(lambda d: d["segments"][1]["blocks"][1].pop("state"), "segments[1]['blocks'][1] has no 'state'")
         self.refused(["pytorch", self.snapshot([1, 2, 3], "list.pickle")], "is a list, not a dict")
+
+
+class BoundedWork(Case):
+    """The work and memory of an import are bounded by its input: each object is looked at once
+    however often the pickle refers to it, nesting and size have documented limits, records are
+    never read twice."""
+
+    def basic(self):
+        return PyTorchSnapshots.basic(self)
+
+    def test_an_object_referred_to_from_many_places_is_checked_once(self):
+        shared = [1]
+        for _ in range(30):  # 2^30 paths through 30 lists, within the depth limit
+            shared = [shared, shared]
+        data = self.basic()
+        data["external_annotations"] = shared
+        snapshot = self.snapshot(data)
+        self.assertLess(os.path.getsize(snapshot), 4096)
+        p = run(IMPORT, "pytorch", snapshot, "-o", self.out, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        for _ in range(34):  # 2^64 paths, 64 deep: refused for its depth, at once
+            shared = [shared, shared]
+        data["external_annotations"] = shared
+        self.refused(["pytorch", self.snapshot(data, "s64.pickle")], "nested more than 32 deep", timeout=120)
+
+    def test_nesting_deeper_than_the_limit_and_a_list_holding_itself_are_refused(self):
+        data = self.basic()
+        deep = []
+        for _ in range(100):
+            deep = [deep]
+        data["external_annotations"] = deep
+        self.refused(["pytorch", self.snapshot(data)], "nested more than 32 deep", "['external_annotations']")
+        looped = []
+        looped.append(looped)
+        data["external_annotations"] = {"x": looped}
+        self.refused(["pytorch", self.snapshot(data, "loop.pickle")], "holds itself",
+                     "['external_annotations']['x']", timeout=120)
+
+    def test_records_referred_to_twice_are_refused(self):
+        data = self.basic()
+        data["device_traces"] = [data["device_traces"][0], data["device_traces"][0]]
+        self.refused(["pytorch", self.snapshot(data)], "device_traces[1] is device_traces[0] again")
+        data = self.basic()
+        events = data["device_traces"][0]
+        pair = [event("alloc", 0xA000000, MiB), event("free_completed", 0xA000000, MiB)]
+        events.extend(pair + pair)
+        self.refused(["pytorch", self.snapshot(data, "e.pickle")], "device 0, event 8", "event 6 again")
+        data = self.basic()
+        data["segments"].append(data["segments"][1])
+        self.refused(["pytorch", self.snapshot(data, "s.pickle")], "segments[2] is segments[1] again")
+
+    def test_memory_is_bounded_by_the_file_whatever_its_memo_indices(self):
+        # A memo index of 2^28 costs Python's C unpickler 2^29 slots (4 GiB) from a 5-byte opcode.
+        data = pickle.dumps(self.basic(), protocol=2)
+        self.assertEqual(data[-1:], b".")
+        hostile = self.write("memo.pickle", data[:-1] + b"r" + (1 << 28).to_bytes(4, "little") + b".")
+        p = run(IMPORT, "pytorch", hostile, "-o", self.out, limit_memory=1 << 30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+    def test_a_length_field_never_allocates_more_than_the_file(self):
+        # BYTEARRAY8: 9 bytes of opcode and length; Python's unpicklers make the bytearray first.
+        hostile = self.write("bytearray.pickle", b"\x80\x05\x96" + (1 << 30).to_bytes(8, "little") + b"x.")
+        measure = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+                   "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); print(p.stderr)")
+        p = run(sys.executable, "-c", measure, IMPORT, "pytorch", hostile, "-o", self.out)
+        status, peak_kib = p.stdout.split("\n")[0].split()
+        self.assertEqual(status, "2", p.stdout)
+        self.assertIn("bytearray", p.stdout)
+        self.assertLess(int(peak_kib), 256 << 10, "a 19-byte file took %s KiB" % peak_kib)
+
+    def test_more_values_than_the_limit_are_refused(self):
+        importer = load_importer()
+        importer.MAX_VALUES = 40
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            status = importer.main(["pytorch", self.snapshot(self.basic()), "-o", self.out])
+        self.assertEqual(status, 2, err.getvalue())
+        self.assertIn("more than 40 values", err.getvalue())
+        self.assertFalse(os.path.exists(self.out))
+
+
+class NumbersThatDoNotFit(Case):
+    """What the trace's readers would refuse, or what cannot be a time, is refused at import."""
+
+    def basic(self):
+        return PyTorchSnapshots.basic(self)
+
+    def test_pytorch_values_out_of_range(self):
+        def refused_with(change, *fragments, name="bad.pickle"):
+            data = self.basic()
+            change(data)
+            self.refused(["pytorch", self.snapshot(data, name)], *fragments)
+
+        half = 1 << 63
+        refused_with(lambda d: d["segments"].extend([segment(0x9000000, half, []), segment(0xA000000, half, [])]),
+                     "segments[3]", "2^64-1")
+        refused_with(lambda d: d["segments"].append(segment(0x9000000, MiB, [], device=1 << 40)), "segments[2]",
+                     "device 1099511627776")
+        refused_with(lambda d: d["segments"].append(segment(0x9000000, MiB, [], device=-7)), "segments[2]", "device -7")
+        refused_with(lambda d: d["device_traces"][0][1].update(time_us=float("nan")), "event 2", "time_us")
+        refused_with(lambda d: d["device_traces"][0][1].update(time_us=float("inf")), "event 2", "time_us")
+        refused_with(lambda d: d["device_traces"][0][4].update(time_us=1e300), "event 5", "time_us")
+        refused_with(lambda d: d["device_traces"][0][1].update(addr=10 ** 5000), "event 2", "address")
+        refused_with(lambda d: d["device_traces"][0][1].update(stream=1 << 70), "event 2", "stream")
+        refused_with(lambda d: d["segments"][0].update(total_size=-(10 ** 5000)), "segments[0]", "size")
+        refused_with(lambda d: d["segments"][0].update(device=10 ** 5000), "segments[0]", "device")
+        refused_with(lambda d: d.update(extra={10 ** 5000: {1}}), "['extra'][a 16610-bit number] is a set")
+        data = self.basic()
+        data["extra"] = {10 ** 5000: [1]}  # a key Python cannot print in digits: read, not printed
+        self.imported("pytorch", self.snapshot(data, "bigkey.pickle"))
+
+    def test_rmm_values_out_of_range(self):
+        header = "Thread,Time,Action,Pointer,Size,Stream\n"
+        for n, (line, fragment) in enumerate((("1,nan,allocate,0x1000,64,0x0", "time 'nan'"),
+                                              ("1,inf,allocate,0x1000,64,0x0", "time 'inf'"),
+                                              ("1,1e400,allocate,0x1000,64,0x0", "time '1e400'"),
+                                              ("1,1e300,allocate,0x1000,64,0x0", "time '1e300'"),
+                                              ("1,10:00:00.0,allocate,0x1000,64\r,0x0", "line 2"),
+                                              ("1,10:00:00.0,allocate,0x1000,6\x004,0x0", "line 2"),
+                                              ("1,10:00:00.0,allocate,0x1000,\u0666\u0664,0x0", "size"),
+                                              ("1,10:00:00.0,allocate,0x1000,1_024,0x0", "size"))):
+            log = self.write("r%d.csv" % n, (header + line + "\n").encode("utf-8"))
+            self.refused(["rmm", log], fragment)
+        good = self.write("good.csv", header + "1,10:00:00.0,allocate,0x1000,64,0x0\n", "w")
+        self.refused(["rmm", good, "--device", str(1 << 40)], "--device 1099511627776")
+        self.refused(["rmm", self.write("empty-first.csv", "\n" + header, "w")], "line 1")
 
 
 class RmmLogs(Case):

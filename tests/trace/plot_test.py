@@ -71,6 +71,33 @@ class Plot(unittest.TestCase):
         with open(image, "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
+    def test_refuses_deep_nesting_and_numbers_it_cannot_draw(self):
+        deep = self.path("deep.json")
+        with open(deep, "w") as f:
+            f.write("[" * 100000 + "]" * 100000)
+        p = run(sys.executable, PLOT, deep, "-o", self.path("x.png"))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        self.assertIn("nested", p.stderr)
+        with open(self.report()) as f:
+            good = json.load(f)
+        for change, fragment in (
+                (lambda r: r["devices"][0]["allocators"][0]["timeline"]["reserved"].__setitem__(0, 10 ** 400),
+                 "timeline"),
+                (lambda r: r["devices"][0]["allocators"][0].__setitem__("fragmentation", float("nan")), "fragmentation"),
+                (lambda r: r["devices"][0]["allocators"][0]["timeline"]["op"].append(7), "timeline"),
+                (lambda r: r["devices"][0].__setitem__("allocators", {"a": 1}), "allocators"),
+                (lambda r: r.__setitem__("capacity_bytes", "80GiB"), "capacity_bytes")):
+            report = json.loads(json.dumps(good))
+            change(report)
+            bad = self.path("bad.json")
+            with open(bad, "w") as f:
+                json.dump(report, f)
+            p = run(sys.executable, PLOT, bad, "-o", self.path("x.png"))
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertNotIn("Traceback", p.stderr)
+            self.assertIn(fragment, p.stderr)
+
     def test_refuses_what_is_not_a_report(self):
         other = self.path("other.json")
         with open(other, "w") as f:

@@ -2,6 +2,7 @@
 // batched writes, flush, owners, failures, file names, and the round trip (record a program's
 // allocations, replay them, get the same peak live and event count).
 #include "../support/catch.hpp"
+#include "../support/planted_links.hpp"
 #include "support.hpp"
 
 #include "replay/address_space.hpp"
@@ -27,6 +28,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/stat.h>
 
 using custody::trace::event;
 using custody::trace::event_kind;
@@ -294,8 +297,42 @@ TEST_CASE("a rank's trace is named like its tracking report, and an unwritable p
 
     o.directory = dir.file("no/such/directory");
     CHECK_THROWS_WITH(recorder(o), custody_test::contains("no/such/directory/rank-3.ctrace"));
-    recorder_options full = options_for("/dev/full");
+    // A device that refuses every write (a private /dev/full where this process may make one):
+    // custody::error, and the device is written in place, never replaced by a file.
+    const std::string full_path = dir.file("full");
+    recorder_options full = options_for(custody_test::make_device_node(full_path, 7) ? full_path : "/dev/full");
     CHECK_THROWS_AS(recorder(full), custody::error);
+    struct stat st {};
+    REQUIRE(::lstat(full.path.c_str(), &st) == 0);
+    CHECK(S_ISCHR(st.st_mode));
+}
+
+TEST_CASE("a trace is a new file: links planted at its name are replaced, never written through", "[trace][recorder]") {
+    custody_test::temp_dir dir;
+    recorder_options o;
+    o.directory = dir.path().string();
+    o.rank = custody::make_rank(2, 0, 4);
+    const std::string path = dir.file("rank-2.ctrace");
+    const std::string victim = custody_test::make_victim(dir.file("victim"));
+    const std::string hard_victim = custody_test::make_victim(dir.file("hard-victim"));
+    for (int k = 0; k < 3; ++k) {
+        INFO("planted: " << (k == 0 ? "a symbolic link" : k == 1 ? "a hard link" : "a link at the temporary name"));
+        std::filesystem::remove(path);
+        if (k == 0) REQUIRE(custody_test::plant_symlink(victim, path));
+        if (k == 1) REQUIRE(custody_test::plant_hard_link(hard_victim, path));
+        if (k == 2) REQUIRE(custody_test::plant_symlink(victim, custody_test::old_temporary_name(path)));
+        {
+            recorder rec(o);
+            CHECK(custody_test::is_own_regular_file(path)); // readable under its name while it grows
+            rec.record(event_kind::allocate, 0, 0, 64, 256, reinterpret_cast<void*>(0x1000));
+        }
+        CHECK(custody_test::file_text(victim) == custody_test::victim_text);
+        CHECK(custody_test::file_text(hard_victim) == custody_test::victim_text);
+        CHECK(custody_test::is_own_regular_file(path));
+        CHECK(read_all(path).size() == 1);
+        std::filesystem::remove(custody_test::old_temporary_name(path));
+        CHECK(custody_test::leftover_temporaries(dir.path()) == 0);
+    }
 }
 
 TEST_CASE("round trip: a program's allocations, recorded and replayed, give the same peak live and event count",

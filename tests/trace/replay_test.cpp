@@ -147,6 +147,24 @@ TEST_CASE("a trace that cannot be replayed is refused, naming the event", "[repl
     CHECK_THAT(refusal({alloc(0x1000, 64), dealloc(0x2000, 64)}, 2), custody_test::contains("trace 'test.ctrace': event 2"));
 }
 
+TEST_CASE("totals that do not fit 64 bits are refused, naming the event", "[replay][program][errors]") {
+    const std::uint64_t half = std::uint64_t{1} << 63;
+    const event reserve = make_event(event_kind::reference_reserve, 0, half);
+    CHECK_THAT(refusal({reserve, reserve, reserve, alloc(0x1000, 64)}, 2),
+               custody_test::contains("more than 2^64-1 bytes"));
+    // Live bytes, with the request limit lifted (a test of the sum, not of the limit).
+    auto r = custody_test::read_bytes(trace_of({alloc(0x1000, half), alloc(0x2000, half)}), "test.ctrace");
+    custody::replay::compile_options o;
+    o.max_request = UINT64_MAX;
+    try {
+        (void)compile(r, o);
+        FAIL("live bytes of 2^64 were accepted");
+    } catch (const custody::replay::program_error& e) {
+        CHECK(e.sequence() == 2);
+        CHECK_THAT(std::string(e.what()), custody_test::contains("more than 2^64-1 bytes"));
+    }
+}
+
 TEST_CASE("devices are compiled apart, and one can be chosen", "[replay][program]") {
     std::vector<event> events = {alloc(0x1000, 64), alloc(0x1000, 128)}; // the same address on two devices
     events[1].device = 1;

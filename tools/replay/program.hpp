@@ -11,6 +11,7 @@
 #include <custody/trace/reader.hpp>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <map>
@@ -170,6 +171,10 @@ struct device_builder {
                 fail("the reference allocator gives back " + std::to_string(e.bytes) + " bytes but holds only " +
                      std::to_string(d.reference) + " on device " + std::to_string(e.device));
             }
+            if (e.kind == trace::event_kind::reference_reserve && e.bytes > UINT64_MAX - d.reference) {
+                fail("the reference allocator would hold more than 2^64-1 bytes on device " + std::to_string(e.device) +
+                     " (" + std::to_string(d.reference) + " and " + std::to_string(e.bytes) + " more)");
+            }
             d.reference = e.kind == trace::event_kind::reference_reserve ? d.reference + e.bytes : d.reference - e.bytes;
             if (!d.p.reference) d.p.reference.emplace();
             auto& points = d.p.reference->points;
@@ -203,6 +208,11 @@ struct device_builder {
                 fail("an allocation of " + std::to_string(e.bytes) + " bytes, larger than any device (" +
                      std::to_string(options.max_request) + " bytes)");
             }
+            if (e.bytes > UINT64_MAX - d.live_bytes) {
+                fail("live bytes on device " + std::to_string(e.device) + " would be more than 2^64-1 bytes (" +
+                     std::to_string(d.live_bytes) + " and " + std::to_string(e.bytes) + " more)");
+            }
+            if (d.free_slots.empty() && d.p.slots == UINT32_MAX) fail("more than 2^32-1 blocks live at once");
             std::uint32_t slot = 0;
             if (!d.free_slots.empty()) {
                 slot = d.free_slots.back();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <custody/core/detail/format.hpp>
+#include <custody/core/detail/output_file.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/rank.hpp>
 #include <custody/debug/detail/json.hpp>
@@ -13,7 +14,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -286,15 +286,16 @@ inline void write_timeline(json::writer& w, const rank_report& r) {
     return "rank-" + std::to_string(rank.rank) + ".json";
 }
 
-/// Writes the report to `path` (replacing it). Throws custody::error when the file cannot be
-/// written completely.
+/// Writes the report to `path`, replacing it whole (custody::detail::write_file: a new file renamed
+/// into place, never written through a link). Throws custody::error when the file cannot be
+/// written completely; `path` is then as it was.
 inline void write_json_report(const rank_report& r, const std::string& path) {
     const std::string text = to_json(r);
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    if (!out) throw custody::error("custody: cannot open '" + path + "' to write a report");
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.close();
-    if (!out) throw custody::error("custody: could not write the whole report to '" + path + "'");
+    try {
+        custody::detail::write_file(path, text);
+    } catch (const custody::error& e) {
+        throw custody::error(std::string("custody: a report: ") + e.what());
+    }
 }
 
 namespace detail {

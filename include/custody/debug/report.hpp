@@ -205,6 +205,20 @@ struct snapshot_entry {
     detail::call_stack stack;
 };
 
+/// One live block as the tracker holds it: where the upstream's block lies and the user's bytes in
+/// it, for a layout of memory (debug/pytorch_snapshot.hpp). `stream` is the platform's stream key.
+struct live_block {
+    std::uintptr_t address = 0; ///< the user's pointer
+    std::size_t bytes = 0;      ///< the user's bytes
+    std::uintptr_t outer = 0;   ///< the upstream's block (guards included)
+    std::size_t total = 0;
+    owner_id owner = nullptr;
+    int device = -1;
+    std::uintptr_t stream = 0;
+    std::int64_t unix_ns = 0;   ///< when it was allocated
+    detail::call_stack stack;
+};
+
 /// The live allocations at one moment, in sequence order.
 /// Invariant: entries sorted by sequence; every entry's sequence <= last_sequence.
 struct snapshot {

@@ -5,11 +5,13 @@
 #pragma once
 
 #include <custody/core/rank.hpp>
+#include <custody/debug/history.hpp>
 #include <custody/debug/report.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -67,6 +69,14 @@ struct tracking_options {
     std::size_t kept_samples = 4096;     ///< the most recent timeline samples kept for reports
     bool release_leaks = true;           ///< at destruction, give leaked blocks back to the upstream
     bool precise_time = false;           ///< steady_clock per allocation instead of a coarse (ms) clock
+    /// When set, every allocation, free and out-of-memory is also recorded in it (a
+    /// segment_journal under the tracker's pool adds the segments): what a PyTorch memory snapshot
+    /// plays back (debug/pytorch_snapshot.hpp). Shared: the caller keeps it to read it.
+    std::shared_ptr<allocation_history> history;
+    /// Name each block after its owner for CUDA's tools (NVTX): compute-sanitizer's leak report
+    /// then says "called decode/kv_cache". Takes effect when the process names an NVTX tool as the
+    /// tracker is built; otherwise a branch on a constant per allocation.
+    bool annotate = true;
 };
 
 } // namespace custody::debug

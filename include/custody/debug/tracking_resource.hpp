@@ -32,6 +32,7 @@
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/detail/format.hpp>
+#include <custody/core/detail/memory_annotations.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/core/properties.hpp>
@@ -97,6 +98,9 @@ namespace custody::debug {
 /// release_leaks, given back to the upstream synchronously (their streams may be gone). The
 /// caller keeps the streams it passes alive until the calls that use them return, as always.
 /// Complexity: allocate and deallocate are O(1) expected (hash maps) plus the guard/poison copies.
+/// CUDA's tools: with tracking_options::annotate and an NVTX tool named to the process, each block is
+/// named after its owner (the upstream's block, guards included: the region a pool announced, or
+/// an allocation of its own).
 /// Equality: identity.
 template <stream_ordered_resource Upstream>
 class tracking_resource final {
@@ -113,7 +117,8 @@ public:
     explicit tracking_resource(tracking_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), options_(std::move(options)),
           rank_(options_.rank ? validate_rank(*options_.rank) : detect_rank()), clock_(options_.precise_time),
-          guards_(options_), state_(options_, rank_.rank), violations_(options_, rank_.rank) {
+          guards_(options_), state_(options_, rank_.rank, clock_.start_unix_ns()), violations_(options_, rank_.rank),
+          annotations_(options_.annotate) {
         detail::tracker_registry::instance().add(detail::tracker_entry{this, &registry_lookup});
     }
 
@@ -266,6 +271,21 @@ public:
         return s;
     }
 
+    /// Every live block as the ledger holds it (what debug/pytorch_snapshot.hpp lays out in its
+    /// segments), in no particular order. O(n) in the live blocks; symbolizes nothing.
+    [[nodiscard]] std::vector<live_block> live_blocks() const {
+        std::vector<live_block> blocks;
+        const auto records = state_.live_records();
+        blocks.reserve(records.size());
+        for (const record& r : records) {
+            blocks.push_back(live_block{reinterpret_cast<std::uintptr_t>(r.inner()), r.bytes,
+                                        reinterpret_cast<std::uintptr_t>(r.outer), r.total, r.allocated.owner,
+                                        r.allocated.device, r.allocated.stream,
+                                        clock_.start_unix_ns() + r.allocated.time_ns, r.stack});
+        }
+        return blocks;
+    }
+
     /// The live allocations grouped by owner and call stack.
     [[nodiscard]] leak_report leaks() const { return detail::group_entries(rank_.rank, state_.live_entries()); }
 
@@ -331,6 +351,7 @@ private:
             outer = synchronous ? upstream_.allocate_sync(l.total, alignment)
                                 : upstream_.allocate(stream, l.total, alignment);
         } catch (const out_of_memory& e) {
+            state_.note_out_of_memory(bytes, synchronous ? 0 : platform_type::stream_key(stream), clock_.now_ns());
             throw_out_of_memory(bytes, alignment, std::string("upstream: ") + e.what());
         }
         if (outer == nullptr) throw_out_of_memory(bytes, alignment, "upstream returned null");
@@ -368,6 +389,7 @@ private:
             if (noexcept_path) return nullptr;
             throw;
         }
+        annotations_.name(outer, owner_name(owner));
         fire(fired);
         return inner;
     }
@@ -522,6 +544,7 @@ private:
     detail::block_guards<platform_type, record> guards_; // the three below have a mutex each; none is
     state_type state_;                                  // held while another is taken, nor while
     detail::violation_log violations_;                  // calling the upstream or a callback
+    custody::detail::memory_annotations annotations_;   // names for CUDA's tools
 };
 
 } // namespace custody::debug

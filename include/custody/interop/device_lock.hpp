@@ -41,33 +41,66 @@ struct device_lock_options {
 namespace detail {
 
 /// One open, flock()ed lock file; closing it releases the claim. Invariant: fd_ >= 0 holds an
-/// exclusive flock on `path_`, whose contents name the claiming rank and process.
+/// exclusive flock on `path_`, whose contents name the claiming rank and process; fd_ == -1 once
+/// the descriptor was closed or handed to a new claim (adopt()).
 class lock_file {
 public:
-    lock_file(int fd, std::string path, int rank) noexcept : fd_(fd), path_(std::move(path)), rank_(rank) {}
+    lock_file(int fd, std::string path, std::string key, int rank) noexcept
+        : fd_(fd), path_(std::move(path)), key_(std::move(key)), rank_(rank) {}
     lock_file(const lock_file&) = delete;
     lock_file& operator=(const lock_file&) = delete;
-    ~lock_file() { ::close(fd_); }
+    ~lock_file() { close(); }
 
     [[nodiscard]] const std::string& path() const noexcept { return path_; }
+    [[nodiscard]] const std::string& key() const noexcept { return key_; }
     [[nodiscard]] int rank() const noexcept { return rank_; }
+    /// Gives up the descriptor, lock included, to the caller (a new claim of the same file).
+    [[nodiscard]] int adopt() noexcept { return std::exchange(fd_, -1); }
+    void close() noexcept {
+        if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+    }
 
 private:
     int fd_;
     std::string path_;
+    std::string key_;
     int rank_;
 };
 
-/// The claims this process holds, by lock file path: a second claim of one GPU by this process
-/// (another communicator on the same device) shares the first. Guarded by its mutex.
+/// The claims this process holds, by the lock file's identity (device:inode): a second claim of
+/// one GPU by this process (another communicator on the same device) shares the first.
+///
+/// Invariant (under mutex): a lock file of this process holds its flock only while `held` names
+/// it; `raw` is the object `file` watches, alive until its deleter (release_claim) has run, which
+/// takes the mutex. So under the mutex an entry is either alive (file.lock() shares it) or being
+/// released with its descriptor still open (its flock is taken over by the next claim: adopt()).
 struct lock_registry {
-    std::mutex mutex;
-    std::map<std::string, std::weak_ptr<lock_file>> held;
+    struct entry {
+        std::weak_ptr<lock_file> file;
+        lock_file* raw;
+    };
+    std::recursive_mutex mutex; ///< recursive: a claim that fails under it releases its own file
+    std::map<std::string, entry> held;
 };
 
+/// Never destroyed: a claim may be released by a static object's destructor at exit.
 inline lock_registry& process_locks() {
-    static lock_registry registry;
-    return registry;
+    static auto* registry = new lock_registry;
+    return *registry;
+}
+
+/// The deleter of a claim's last handle: forgets the claim and closes its file, under the
+/// registry's mutex (a claim never finds the lock held by this process and not in the registry).
+inline void release_claim(lock_file* file) noexcept {
+    {
+        auto& registry = process_locks();
+        std::lock_guard guard(registry.mutex);
+        if (auto it = registry.held.find(file->key()); it != registry.held.end() && it->second.raw == file) {
+            registry.held.erase(it);
+        }
+        file->close();
+    }
+    delete file;
 }
 
 /// `id` as a file name: characters other than [A-Za-z0-9._-] become '_', so an identity can never
@@ -85,6 +118,16 @@ inline std::string lock_file_name(std::string_view id) {
 [[noreturn]] inline void throw_unusable(const std::string& what, const std::string& path, int error) {
     throw rank_error("custody: cannot claim the GPU: " + what + " " + path + ": " + std::strerror(error) +
                      "; set CUSTODY_RUNTIME_DIR to a directory every process of this host can lock files in");
+}
+
+/// Why the lock file at `st` is not one this process may lock and rewrite, or "" when it is: a
+/// regular file of this user with one name. Another user's file, or a hard link to a file of ours
+/// elsewhere (planted in a shared directory), would be truncated and rewritten by the claim.
+inline std::string foreign_lock_file(const struct stat& st) {
+    if (!S_ISREG(st.st_mode)) return "is not a regular file";
+    if (st.st_uid != ::geteuid()) return "belongs to user " + std::to_string(st.st_uid) + ", not to this process's";
+    if (st.st_nlink != 1) return "has " + std::to_string(st.st_nlink) + " names (a hard link to another file)";
+    return {};
 }
 
 /// Opens (creating it if needed) the lock directory, sets `dir` to its path and returns its
@@ -136,7 +179,11 @@ inline bool read_holder(int fd, int& rank, long& pid) {
 /// naming the holder's rank first, then its own, and the holder's process id. The kernel releases
 /// the lock when the last handle of the process is gone or the process ends, however it ends (no
 /// stale lock after a crash). Claims by one process share one lock (a process may build several
-/// communicators on its GPU); the lock names the rank of the first claim.
+/// communicators on its GPU); the lock names the rank of the first claim. A claim returned always
+/// holds the lock, whatever other threads claim and release meanwhile. The lock file is opened
+/// without following links and must be a regular file of this user with one name: a symbolic link,
+/// a hard link or another user's file planted under its name is refused (rank_error), never
+/// truncated or rewritten.
 ///
 /// Scope: processes that see the same lock directory (one host, one user, one mount namespace;
 /// containers must share the directory, CUSTODY_RUNTIME_DIR). Two ranks in one process on one GPU
@@ -160,11 +207,9 @@ public:
         const int dir = detail::open_lock_directory(options, directory);
         const std::string name = detail::lock_file_name(device_id);
         std::string path = directory + "/" + name;
+        const std::string host = options.host.empty() ? detail::this_host_name() : options.host;
         std::lock_guard guard(registry.mutex);
-        for (auto it = registry.held.begin(); it != registry.held.end();) {
-            it = it->second.expired() ? registry.held.erase(it) : std::next(it);
-        }
-        const int fd = ::openat(dir, name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        int fd = ::openat(dir, name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
         const int open_error = errno;
         ::close(dir);
         if (fd < 0) detail::throw_unusable("opening", path, open_error);
@@ -175,13 +220,25 @@ public:
             ::close(fd);
             detail::throw_unusable("reading", path, error);
         }
+        if (const std::string why = detail::foreign_lock_file(st); !why.empty()) {
+            ::close(fd);
+            throw rank_error("custody: cannot claim the GPU: the lock file " + path + " " + why +
+                             "; remove it, or set CUSTODY_RUNTIME_DIR to a directory of your own");
+        }
         const std::string key = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
         if (auto it = registry.held.find(key); it != registry.held.end()) {
+            if (auto shared = it->second.file.lock()) {
+                ::close(fd);
+                return device_lock(std::move(shared));
+            }
+            // Its last handle is being released on another thread, its flock still held: this
+            // claim takes the descriptor over (a new claim, with this rank's text).
             ::close(fd);
-            return device_lock(it->second.lock());
+            fd = it->second.raw->adopt();
+            registry.held.erase(it);
+        } else if (!try_lock(fd, path)) {
+            throw_held(fd, device_id, rank, device, options);
         }
-        if (!try_lock(fd, path)) throw_held(fd, device_id, rank, device, options);
-        const std::string host = options.host.empty() ? detail::this_host_name() : options.host;
         const std::string text = "rank " + std::to_string(rank) + " pid " + std::to_string(::getpid()) + " host " +
                                  host + "\n";
         if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
@@ -189,8 +246,16 @@ public:
             ::close(fd);
             detail::throw_unusable("writing", path, error);
         }
-        auto file = std::make_shared<detail::lock_file>(fd, std::move(path), rank);
-        registry.held[key] = file;
+        detail::lock_file* raw = nullptr;
+        try {
+            raw = new detail::lock_file(fd, std::move(path), key, rank);
+        } catch (...) {
+            ::close(fd);
+            throw;
+        }
+        // Should either step throw, the deleter closes the file (the mutex is recursive for it).
+        std::shared_ptr<detail::lock_file> file(raw, &detail::release_claim);
+        registry.held.emplace(key, detail::lock_registry::entry{file, raw});
         return device_lock(std::move(file));
     }
 
@@ -203,23 +268,16 @@ public:
 private:
     explicit device_lock(std::shared_ptr<detail::lock_file> file) noexcept : file_(std::move(file)) {}
 
-    /// Takes the exclusive lock on `fd`; false when another process holds it. A claim of this
-    /// process being released on another thread (its file not yet closed) is waited for, briefly.
+    /// Takes the exclusive lock on `fd`; false when another process holds it (this process's own
+    /// claims are in the registry, which the caller looked at first).
     static bool try_lock(int fd, const std::string& path) {
-        for (int attempt = 0;; ++attempt) {
-            if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
-            const int error = errno;
-            if (error != EWOULDBLOCK) {
-                ::close(fd);
-                detail::throw_unusable("locking", path, error);
-            }
-            int rank = -1;
-            long pid = -1;
-            if (attempt == 40 || !detail::read_holder(fd, rank, pid) || pid != static_cast<long>(::getpid())) {
-                return false;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
+        const int error = errno;
+        if (error != EWOULDBLOCK) {
+            ::close(fd);
+            detail::throw_unusable("locking", path, error);
         }
+        return false;
     }
 
     /// Another process holds `fd`'s lock: reads who (its text may lag the lock by microseconds),

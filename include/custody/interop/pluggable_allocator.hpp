@@ -55,6 +55,11 @@ public:
     using stream_type = typename Resource::stream_type;
     using platform_type = typename stream_type::platform_type;
     using factory_type = std::function<std::unique_ptr<Resource>(int device)>;
+    /// Told of every out-of-memory before it is reported to the caller: the device, the bytes asked
+    /// for, and custody's diagnostics (the out_of_memory's message). Called on the allocating
+    /// thread; must not throw (what it throws is dropped) and must not allocate from this
+    /// allocator's device.
+    using out_of_memory_callback = std::function<void(int device, std::size_t bytes, const char* diagnostics)>;
 
     /// The alignment of every block: what cudaMalloc guarantees, and what PyTorch assumes.
     static constexpr std::size_t alignment = default_alignment;
@@ -92,10 +97,19 @@ public:
         basic_device_guard<platform_type> guard(device);
         try {
             return r.allocate(stream, static_cast<std::size_t>(size), alignment);
-        } catch (const out_of_memory&) {
+        } catch (const out_of_memory& e) {
             ooms_[static_cast<std::size_t>(device)].fetch_add(1, std::memory_order_relaxed);
+            tell_out_of_memory(device, static_cast<std::size_t>(size), e.what());
             throw;
         }
+    }
+
+    /// Calls `callback` at every out-of-memory from now on (an empty one: none), before alloc
+    /// returns nullptr or allocate throws. Thread-safe.
+    void set_out_of_memory_callback(out_of_memory_callback callback) {
+        auto made = callback ? std::make_shared<const out_of_memory_callback>(std::move(callback)) : nullptr;
+        std::lock_guard lock(callback_mutex_);
+        on_out_of_memory_ = std::move(made);
     }
 
     /// Out-of-memory failures of `device` so far (0 for a device out of range).
@@ -146,6 +160,15 @@ public:
     //      docs/pool.md. Each returns false (and sets last_error()) on failure, or when the
     //      resource has no capture-private pools.
 
+    /// Allocations on `device` on `capturing` (the stream about to be captured) and on the streams
+    /// forked into its capture come from private pool `id` until end_allocate_to_pool (id made if
+    /// new, shared and held once more if not). Open it before the capture begins, as PyTorch's
+    /// CUDAGraph::capture_begin opens its own allocator's: a free on that stream in between (an
+    /// autograd thread's) then counts as the capture's, and records no event the capture would
+    /// refuse.
+    bool begin_allocate_to_pool(int device, pool::capture_pool_id id, stream_type capturing) noexcept {
+        return capture_hook(device, true, [&](auto& r) { r.begin_allocate_to_pool(id, capturing); });
+    }
     /// Allocations on `device` on the streams `filter` accepts come from private pool `id` until
     /// end_allocate_to_pool (id made if new, shared and held once more if not).
     bool begin_allocate_to_pool(int device, pool::capture_pool_id id, std::function<bool(stream_type)> filter) noexcept {
@@ -282,6 +305,20 @@ private:
         });
     }
 
+    /// Tells the out-of-memory callback, if any, of a failure; never throws.
+    void tell_out_of_memory(int device, std::size_t bytes, const char* diagnostics) const noexcept {
+        std::shared_ptr<const out_of_memory_callback> callback;
+        {
+            std::lock_guard lock(callback_mutex_);
+            callback = on_out_of_memory_;
+        }
+        if (!callback) return;
+        try {
+            (*callback)(device, bytes, diagnostics);
+        } catch (...) {
+        }
+    }
+
     [[nodiscard]] Resource* existing(int device) const noexcept {
         if (device < 0 || device >= device_count_) return nullptr;
         return slots_[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
@@ -312,6 +349,8 @@ private:
     std::unique_ptr<std::atomic<Resource*>[]> slots_; // slots_[d] == nullptr until device d is used
     std::unique_ptr<std::atomic<std::uint64_t>[]> ooms_; // ooms_[d]: out_of_memory thrown for device d
     std::mutex create_mutex_;
+    mutable std::mutex callback_mutex_;
+    std::shared_ptr<const out_of_memory_callback> on_out_of_memory_; ///< guarded by callback_mutex_
 };
 
 } // namespace custody::interop

@@ -14,6 +14,8 @@
 #include <custody/platform/capture.hpp>
 #include <custody/platform/platform.hpp>
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -53,6 +55,32 @@ namespace custody::cuda {
         return 0;
     }
     return count;
+}
+
+/// Whether `device`'s primary context is active (cuDevicePrimaryCtxGetState, reached through the
+/// runtime's driver entry point so that nothing links against libcuda): making it current costs no
+/// new context. True when the driver cannot tell, so that callers behave as without the query.
+[[nodiscard]] inline bool primary_context_active(int device) noexcept {
+    using state_function = PFN_cuDevicePrimaryCtxGetState_v7000;
+    static const state_function query = []() noexcept -> state_function {
+        void* address = nullptr;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+        const cudaError_t status =
+            cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &address, 7000, cudaEnableDefault, &found);
+#else
+        const cudaError_t status = cudaGetDriverEntryPoint("cuDevicePrimaryCtxGetState", &address, cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+            static_cast<void>(cudaGetLastError());
+            return nullptr;
+        }
+        return reinterpret_cast<state_function>(address);
+    }();
+    unsigned int flags = 0;
+    int active = 1;
+    if (query == nullptr || query(static_cast<CUdevice>(device), &flags, &active) != CUDA_SUCCESS) return true;
+    return active != 0;
 }
 
 [[nodiscard]] inline int current_device() {
@@ -202,6 +230,9 @@ struct platform {
     [[nodiscard]] static int current_device() { return cuda::current_device(); }
     static void set_device(int device) { CUSTODY_CUDA_TRY(cudaSetDevice(device)); }
     static void set_device_noexcept(int device) noexcept { CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaSetDevice(device)); }
+    /// `device`'s primary context is active: a device guard makes it current again only then
+    /// (platform/platform.hpp, worth_restoring).
+    [[nodiscard]] static bool device_active(int device) noexcept { return primary_context_active(device); }
 
     /// cudaStreamGetId: unique for the process's lifetime, where a handle may be reused by a new
     /// stream once its stream is destroyed; the per-thread default stream has one per thread.
@@ -212,8 +243,10 @@ struct platform {
         static_cast<void>(cudaGetLastError());
         return reinterpret_cast<std::uintptr_t>(s.get());
     }
+    /// The device of `s`; the current device for the handles that name the current device's
+    /// default streams (nullptr, cudaStreamLegacy, cudaStreamPerThread).
     [[nodiscard]] static int stream_device(stream_view s) {
-        if (s.is_default()) return current_device();
+        if (s.is_default() || s.get() == cudaStreamLegacy || s.get() == cudaStreamPerThread) return current_device();
         int device = 0;
         CUSTODY_CUDA_TRY(cudaStreamGetDevice(s.get(), &device));
         return device;

@@ -133,21 +133,28 @@ inline bool driver_report(CUresult status, const char* call,
 /// Makes `device`'s primary context current to the calling thread for a scope (cudaSetDevice
 /// initializes it and makes it current, even where the device already was the current one, which
 /// a thread that never called the runtime needs before a driver call), then restores the device
-/// that was current.
+/// that was current if it was set up (worth_restoring: a thread that never chose a device is not
+/// given a context on device 0).
 class primary_context {
 public:
     explicit primary_context(int device) : previous_(cuda::current_device()), device_(device) {
+        restore_ = previous_ != device_ && worth_restoring<cuda::platform>(previous_);
         CUSTODY_CUDA_TRY(cudaSetDevice(device));
     }
     /// For noexcept paths: a failure is left to the driver call that follows to report.
     primary_context(int device, std::nothrow_t) noexcept : device_(device) {
-        if (cudaGetDevice(&previous_) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+        if (cudaGetDevice(&previous_) != cudaSuccess) {
             static_cast<void>(cudaGetLastError());
             previous_ = device;
         }
+        restore_ = previous_ != device_ && worth_restoring<cuda::platform>(previous_);
+        if (cudaSetDevice(device) != cudaSuccess) {
+            static_cast<void>(cudaGetLastError());
+            restore_ = false;
+        }
     }
     ~primary_context() {
-        if (previous_ != device_) CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaSetDevice(previous_));
+        if (restore_) CUSTODY_CUDA_ASSERT_NOEXCEPT(cudaSetDevice(previous_));
     }
     primary_context(const primary_context&) = delete;
     primary_context& operator=(const primary_context&) = delete;
@@ -155,6 +162,7 @@ public:
 private:
     int previous_ = 0;
     int device_;
+    bool restore_ = false; ///< previous_ was set up and another device was made current
 };
 
 } // namespace detail

@@ -13,6 +13,9 @@
 ///   P::current_device()     this thread's current device
 ///   P::set_device(d)        makes d this thread's current device (throws if it cannot)
 ///   P::set_device_noexcept(d)   the same for destructors: reports a failure instead of throwing
+///   P::device_active(d)     (optional) d is set up in this process already: making it current
+///                           costs no new context (the cuda platform: d's primary context is
+///                           active). Without it, every device counts as set up.
 ///   P::stream_key(s)        an integer that identifies s for the process's lifetime: a stream
 ///                           made after s is destroyed never has s's key (per-stream maps)
 ///   P::stream_device(s)     the device s belongs to
@@ -143,14 +146,33 @@ void order_after(typename Platform::stream_view first, typename Platform::stream
     Platform::wait(then, e);
 }
 
-/// Makes a device current for a scope and restores the previous one on exit, on any platform.
-/// Not thread-safe by nature: the current device is per thread, and so is a guard.
+/// Whether a scope that made another device current should make `previous` current again when it
+/// ends: only when `previous` is set up already (Platform::device_active). A thread that never
+/// chose a device reads device 0 as current without device 0 having a context; making it current
+/// again would create one, on a multi-GPU node a stray context on GPU 0 that every rank pays for.
+/// The thread is left on the device the scope chose instead, as PyTorch's device guards do
+/// (c10::cuda::MaybeSetDevice). Ask before switching: switching to another device never sets
+/// `previous` up. Never throws.
+template <class Platform>
+[[nodiscard]] bool worth_restoring(int previous) noexcept {
+    if constexpr (requires { { Platform::device_active(previous) } noexcept -> std::convertible_to<bool>; }) {
+        return Platform::device_active(previous);
+    } else {
+        return true;
+    }
+}
+
+/// Makes a device current for a scope and restores the previous one on exit, on any platform,
+/// when the previous one was set up (see worth_restoring: a thread that never chose a device is
+/// not given one on exit). Not thread-safe by nature: the current device is per thread, and so is
+/// a guard.
 template <class Platform>
 class basic_device_guard {
 public:
     /// Makes `device` current; a negative device (memory that belongs to no device) changes nothing.
     explicit basic_device_guard(int device) : previous_(Platform::current_device()) {
         if (device >= 0 && device != previous_) {
+            restore_ = worth_restoring<Platform>(previous_);
             Platform::set_device(device);
             switched_ = true;
         }
@@ -159,12 +181,13 @@ public:
     /// failure is reported and the caller's device stays current.
     basic_device_guard(int device, std::nothrow_t) noexcept : previous_(current_or_negative()) {
         if (device >= 0 && previous_ >= 0 && device != previous_) {
+            restore_ = worth_restoring<Platform>(previous_);
             Platform::set_device_noexcept(device);
             switched_ = true;
         }
     }
     ~basic_device_guard() {
-        if (switched_) Platform::set_device_noexcept(previous_);
+        if (switched_ && restore_) Platform::set_device_noexcept(previous_);
     }
     basic_device_guard(const basic_device_guard&) = delete;
     basic_device_guard& operator=(const basic_device_guard&) = delete;
@@ -180,6 +203,7 @@ private:
 
     int previous_;
     bool switched_ = false;
+    bool restore_ = false; ///< previous_ was set up when the guard switched away from it
 };
 
 } // namespace custody

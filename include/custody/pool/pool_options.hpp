@@ -133,6 +133,16 @@ struct pool_options {
     /// How the pool learns that a stream is being captured into a graph (see capture_check):
     /// by default from the captures it is told of, without a platform query per call.
     capture_check check_capture = capture_check::scopes;
+
+    /// Announce the pool's memory to CUDA's tools through NVTX (docs/debug.md, "debugging a pool
+    /// with CUDA's tools"): each chunk as a heap, each block as a region while it is handed out, so
+    /// that compute-sanitizer catches a kernel that writes past a block into its neighbour and names
+    /// leaked blocks. Takes effect when the process names an NVTX tool (NVTX_INJECTION64_PATH, set
+    /// by compute-sanitizer and Nsight Systems) as the pool is built; otherwise it costs nothing per
+    /// call: the fast path's one branch for checked mode covers it (measured: pair/pool_nvtx beside
+    /// pair/pool_without_nvtx in docs/benchmarks.md). Compiled in where <nvtx3/nvToolsExtMem.h> is
+    /// on the include path (the CUDA Toolkit's) and CUSTODY_DISABLE_NVTX is not defined.
+    bool annotate = true;
 };
 
 } // namespace custody::pool

@@ -24,10 +24,12 @@
 ///   capture_error                   pool/capture_error.hpp
 ///   capture_store_                  capture-private pools (pool/detail/capture_store.hpp); the
 ///                                   scope API is pool/capture_scope.hpp
+///   annotations_                    what CUDA's tools are told (core/detail/memory_annotations.hpp)
 #pragma once
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/memory_annotations.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/core/properties.hpp>
@@ -53,6 +55,7 @@
 #include <custody/pool/pool_statistics.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -123,6 +126,13 @@ namespace custody::pool {
 /// counted per stream, and the exact peak is kept with per-stream credits (see detail/peak_counter.hpp). The
 /// slow paths take the shared set's mutex.
 ///
+/// **CUDA's tools.** With pool_options::annotate (the default) and a tool named to NVTX when the
+/// pool is built (compute-sanitizer, Nsight Systems), each chunk is announced as a heap and each block as a
+/// region from the moment it is handed out until it is given back (a block cached for reuse is
+/// not live); a capture-private chunk is one region end to end, as its graphs touch it at every
+/// replay. Without a tool: nothing per call (the branch the fast path takes for checked mode
+/// covers both).
+///
 /// **Ownership.** Owns its chunks and events. Blocks still out when the pool is destroyed are
 /// reported through custody::report_failure, and their memory is given back all the same.
 /// Neither copyable nor movable. Equality: identity.
@@ -152,10 +162,13 @@ public:
     template <class... Args>
     explicit stream_ordered_pool(pool_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), options_(detail::validated(options, upstream_)),
-          device_(detail::device_of(upstream_)), store_(upstream_, options_, device_, chunk_alignment),
+          device_(detail::device_of(upstream_)), annotations_(options_.annotate),
+          watched_(options_.checked || annotations_.on()),
+          store_(upstream_, options_, device_, chunk_alignment, annotations_),
           streams_(options_, device_, store_, activity_), request_limit_(detail::growth_rule(options_).request_limit()),
           capture_store_(upstream_, device_, chunk_alignment, options_.growth_step, options_.check_capture,
-                         [this](std::size_t n) { return store_.may_take(n + capture_store_.reserved_bytes()); }) {
+                         [this](std::size_t n) { return store_.may_take(n + capture_store_.reserved_bytes()); },
+                         annotations_) {
         if (options_.initial_size > 0 && !store_.grow_exactly(block_kind::large, align_up(options_.initial_size, granule))) {
             const std::string limits = store_.describe_limits(options_.initial_size);
             throw out_of_memory(options_.initial_size, chunk_alignment, device_, statistics(), name,
@@ -285,6 +298,19 @@ public:
     /// device synchronization, as soon as it is free and no capture is open in this pool; blocks
     /// still out return it when given back. Throws std::invalid_argument when `id` holds nothing.
     void release_pool(capture_pool_id id) { capture_store_.release(id); }
+    /// A graph capture is routed into the capture-private pools now (begin_allocate_to_pool ..
+    /// end_allocate_to_pool): the layers above must not query, synchronize or record events
+    /// meanwhile (core/detail/layers.hpp). One atomic load.
+    [[nodiscard]] bool capture_underway() const noexcept { return capture_store_.routing(); }
+
+    /// From now on the pool holds at most `bytes` (in place of pool_options::maximum_size, which
+    /// options() still reports): it grows no further beyond them, and a request above them fails
+    /// at once. What it holds beyond them already stays until trimmed. PyTorch's
+    /// set_per_process_memory_fraction, for a pool that serves it. Thread-safe.
+    void set_maximum_size(std::size_t bytes) noexcept {
+        store_.set_maximum(bytes);
+        request_limit_.store(detail::growth_rule(options_).request_limit(bytes), std::memory_order_relaxed);
+    }
 
     /// The device the pool's memory belongs to (the upstream's; -1 when it has none).
     [[nodiscard]] int device() const noexcept { return device_; }
@@ -317,20 +343,23 @@ private:
 
     /// allocate, with the pool's device current when `stream` is the default stream.
     [[gnu::always_inline]] void* allocate_on(stream_type stream, std::size_t bytes, std::size_t alignment) {
-        if (options_.checked) [[unlikely]] return allocate_checked(stream, bytes, alignment);
+        if (watched()) [[unlikely]] return allocate_watched(stream, bytes, alignment);
         return take_block(stream, bytes, alignment);
     }
     /// deallocate, with the pool's device current when `stream` is the default stream.
     [[gnu::always_inline]] void deallocate_on(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         if (ptr == nullptr) return;
-        if (options_.checked && !forget_live(stream, ptr, bytes, alignment)) [[unlikely]] return;
+        if (watched()) [[unlikely]] return deallocate_watched(stream, ptr, bytes, alignment);
         give_block(stream, ptr, bytes, alignment);
     }
+    /// Whether calls take the watched path: checked mode, or CUDA's tools told of each block. The
+    /// fast path's one branch for both, on a flag fixed at construction.
+    [[nodiscard]] bool watched() const noexcept { return watched_; }
 
     [[gnu::always_inline]] void* take_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
         if (!is_pow2(alignment) || alignment > max_alignment) [[unlikely]] check_alignment(alignment, max_alignment);
         if (bytes == 0) return nullptr;
-        if (bytes > request_limit_) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
+        if (bytes > request_limit_.load(std::memory_order_relaxed)) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
         if (capture_store_.watching()) [[unlikely]] {
             if (void* p = capture_store_.allocate(stream, bytes, alignment)) return p;
         }
@@ -390,7 +419,22 @@ private:
         return reinterpret_cast<void*>(address);
     }
 
-    // ---- checked mode ----
+    // ---- the watched path: checked mode, CUDA's tools ----
+
+    /// allocate_on, checked when the pool is, the block announced to CUDA's tools once it is this
+    /// call's alone.
+    [[gnu::noinline, gnu::cold]] void* allocate_watched(stream_type stream, std::size_t bytes, std::size_t alignment) {
+        void* p = options_.checked ? allocate_checked(stream, bytes, alignment) : take_block(stream, bytes, alignment);
+        annotations_.handed_out(p, bytes);
+        return p;
+    }
+    /// deallocate_on, checked when the pool is, the block withdrawn from CUDA's tools while it is
+    /// still this call's alone.
+    [[gnu::noinline, gnu::cold]] void deallocate_watched(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+        if (options_.checked && !forget_live(stream, ptr, bytes, alignment)) return;
+        annotations_.coming_back(ptr);
+        give_block(stream, ptr, bytes, alignment);
+    }
 
     /// take_block, and the block recorded among the live ones.
     [[gnu::noinline]] void* allocate_checked(stream_type stream, std::size_t bytes, std::size_t alignment) {
@@ -583,10 +627,12 @@ private:
     Upstream upstream_;
     pool_options options_; // validated
     int device_;
+    custody::detail::memory_annotations annotations_; // before the stores, which announce their chunks
+    const bool watched_; // options_.checked || annotations_.on(): see watched()
     detail::activity_counters activity_;
     detail::shared_store<Upstream> store_;
     detail::stream_caches<Upstream> streams_;
-    std::size_t request_limit_; // larger requests fail at once (limits, budget)
+    std::atomic<std::size_t> request_limit_; // larger requests fail at once (limits, budget)
 
     // store_.reserved() = live block bytes + the shards' cached + shared free + quarantined
     detail::peak_counter peak_;    // live bytes: the shards' counts.live_bytes + slow_'s

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/layers.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/core/statistics.hpp>
@@ -35,6 +36,15 @@ namespace custody::resource {
 /// recorded streams costs one atomic load more than the upstream's deallocate.
 /// Recording the free's own stream, or a stream twice, records nothing more.
 ///
+/// **Graph capture.** While a capture is routed into the upstream's capture-private pools
+/// (`capture_underway()` of a layer below, core/detail/layers.hpp), nothing here queries,
+/// synchronizes or records an event: CUDA invalidates a capture begun in its global mode at an
+/// event query from any thread, and an event recorded inside a capture cannot be queried. A block
+/// freed then with recorded streams is held without events (deferred); held blocks are not looked
+/// at; release_held(), trim() and allocate's retry give nothing back. The first call after the
+/// capture ends records the deferred blocks' events on their streams (what PyTorch's caching
+/// allocator does with blocks freed during a capture), and they then wait as any held block.
+///
 /// **Errors.** record() throws std::bad_alloc when it cannot note the use, and changes nothing
 /// then. deallocate never throws: when an event cannot be created or recorded it waits on the host
 /// for the recorded streams and gives the block back at once.
@@ -58,7 +68,7 @@ public:
     explicit recorded_streams(Args&&... upstream_args) : upstream_(std::forward<Args>(upstream_args)...) {}
     recorded_streams(const recorded_streams&) = delete;
     recorded_streams& operator=(const recorded_streams&) = delete;
-    ~recorded_streams() { release_held(); }
+    ~recorded_streams() { release(true, true); }
 
     /// Notes that work enqueued on `stream` uses `ptr` (a block of this resource, not yet freed).
     /// Strong guarantee: throws std::bad_alloc and notes nothing when memory runs out.
@@ -107,23 +117,34 @@ public:
     }
 
     /// Gives back every held block whose recorded work has finished, without waiting. Returns how
-    /// many were given back.
-    std::size_t release_completed() noexcept { return release(false); }
+    /// many were given back (none while a capture is underway).
+    std::size_t release_completed() noexcept { return release(false, false); }
     /// Waits on the host for the recorded work of every held block and gives them all back.
-    /// Returns how many were given back.
-    std::size_t release_held() noexcept { return release(true); }
+    /// Returns how many were given back (none, without waiting, while a capture is underway).
+    std::size_t release_held() noexcept { return release(true, false); }
+
+    /// The blocks held now (freed, waiting for their recorded streams' work), by address.
+    [[nodiscard]] std::vector<std::uintptr_t> held_addresses() const {
+        std::lock_guard lock(mutex_);
+        std::vector<std::uintptr_t> out;
+        out.reserve(held_.size());
+        for (const held_block& b : held_) out.push_back(reinterpret_cast<std::uintptr_t>(b.ptr));
+        return out;
+    }
 
     /// Blocks freed but held for their recorded streams, and their bytes.
     [[nodiscard]] std::size_t held_blocks() const noexcept { return held_count_.load(std::memory_order_acquire); }
     [[nodiscard]] std::size_t held_bytes() const noexcept { return held_bytes_.load(std::memory_order_acquire); }
 
     /// Gives every held block back (waiting for its streams), then trims the upstream when it can.
-    /// Returns the bytes the upstream gave back to its own upstream (0 when it cannot trim).
+    /// Returns the bytes the upstream gave back to its own upstream (0 when it cannot trim, and
+    /// while a capture is underway: then it does nothing).
     std::size_t trim()
         requires requires(Upstream& u) {
             { u.trim() } -> std::convertible_to<std::size_t>;
         }
     {
+        if (custody::detail::capture_underway(upstream_)) return 0;
         release_held();
         return upstream_.trim();
     }
@@ -165,27 +186,30 @@ private:
         if (streams.empty()) {
             upstream_.deallocate(stream, ptr, bytes, alignment);
         } else {
-            hold(held_block{ptr, bytes, alignment, stream, {}}, streams);
+            hold(held_block{ptr, bytes, alignment, stream, {}, {}}, std::move(streams));
         }
     }
 
-    /// A freed block waiting for the events recorded on its streams at the free.
+    /// A freed block waiting for the events recorded on its streams at the free, or, freed while
+    /// a capture was underway, for those events to be recorded (deferred: `events` empty).
     struct held_block {
         void* ptr;
         std::size_t bytes;
         std::size_t alignment;
         stream_type stream; ///< the stream it was freed on, and is given back on
         std::vector<event_type> events;
+        std::vector<stream_type> deferred; ///< the recorded streams, until their events are recorded
     };
 
-    /// Records an event on each of `streams` and keeps `block` until they complete. When that
-    /// cannot be done, waits for the streams on the host and gives the block back now.
-    void hold(held_block block, const std::vector<stream_type>& streams) noexcept {
+    /// Keeps `block` until the work on `streams` enqueued before now has finished: records an
+    /// event on each, or, while a capture is underway, defers that. When neither can be done,
+    /// waits for the streams on the host and gives the block back now.
+    void hold(held_block block, std::vector<stream_type> streams) noexcept {
         try {
-            block.events.reserve(streams.size());
-            for (const stream_type& s : streams) {
-                block.events.push_back(take_event(platform_type::stream_device(s)));
-                block.events.back().record(s);
+            if (custody::detail::capture_underway(upstream_)) {
+                block.deferred = std::move(streams);
+            } else {
+                record_events(block, streams);
             }
             std::lock_guard lock(mutex_);
             held_.push_back(std::move(block));
@@ -194,6 +218,20 @@ private:
             return;
         } catch (...) {
         }
+        give_back_now(block, block.deferred.empty() ? streams : block.deferred);
+    }
+
+    /// Records an event on each of `streams` into `block.events`.
+    void record_events(held_block& block, const std::vector<stream_type>& streams) {
+        block.events.reserve(block.events.size() + streams.size());
+        for (const stream_type& s : streams) {
+            block.events.push_back(take_event(platform_type::stream_device(s)));
+            block.events.back().record(s);
+        }
+    }
+
+    /// Waits for `streams` on the host, then gives `block` back: when no event could be recorded.
+    void give_back_now(const held_block& block, const std::vector<stream_type>& streams) noexcept {
         for (const stream_type& s : streams) {
             try {
                 platform_type::synchronize(s);
@@ -201,6 +239,57 @@ private:
             }
         }
         upstream_.deallocate(block.stream, block.ptr, block.bytes, block.alignment);
+    }
+
+    /// Records the events of the blocks freed while a capture was underway (none is now).
+    void record_deferred() noexcept {
+        std::vector<held_block> deferred;
+        {
+            std::lock_guard lock(mutex_);
+            if (std::none_of(held_.begin(), held_.end(), [](const held_block& b) { return !b.deferred.empty(); })) return;
+            try {
+                auto first = std::stable_partition(held_.begin(), held_.end(),
+                                                   [](const held_block& b) { return b.deferred.empty(); });
+                deferred.reserve(static_cast<std::size_t>(held_.end() - first));
+                for (auto it = first; it != held_.end(); ++it) deferred.push_back(std::move(*it));
+                held_.erase(first, held_.end());
+            } catch (...) {
+                return; // kept deferred: tried again by the next call
+            }
+        }
+        for (held_block& b : deferred) {
+            try {
+                record_events(b, b.deferred);
+                b.deferred.clear();
+            } catch (...) {
+                b.events.clear();
+            }
+            if (!b.deferred.empty()) {
+                give_back_now(b, b.deferred);
+                held_bytes_.fetch_sub(b.bytes, std::memory_order_acq_rel);
+                b.ptr = nullptr;
+            }
+        }
+        bool kept = false;
+        {
+            std::lock_guard lock(mutex_);
+            try {
+                held_.reserve(held_.size() + deferred.size());
+                for (held_block& b : deferred) {
+                    if (b.ptr != nullptr) held_.push_back(std::move(b)); // cannot throw: room reserved
+                }
+                kept = true;
+            } catch (...) {
+            }
+            held_count_.store(held_.size(), std::memory_order_release);
+        }
+        if (kept) return;
+        for (held_block& b : deferred) { // no memory to keep them: wait for their events here
+            if (b.ptr == nullptr) continue;
+            static_cast<void>(completed(b, true));
+            held_bytes_.fetch_sub(b.bytes, std::memory_order_acq_rel);
+            upstream_.deallocate(b.stream, b.ptr, b.bytes, b.alignment);
+        }
     }
 
     /// An event of `device` from the stock, or a new one.
@@ -219,6 +308,7 @@ private:
     }
 
     [[nodiscard]] static bool completed(const held_block& b, bool wait) noexcept {
+        if (!b.deferred.empty()) return false;
         for (const event_type& e : b.events) {
             try {
                 if (wait) {
@@ -233,7 +323,12 @@ private:
         return true;
     }
 
-    std::size_t release(bool wait) noexcept {
+    /// Gives back the held blocks whose events have completed (all of them, waiting for their
+    /// events, when `wait`). Does nothing while a capture is underway, unless `at_destruction`.
+    std::size_t release(bool wait, bool at_destruction) noexcept {
+        if (held_count_.load(std::memory_order_acquire) == 0) return 0;
+        if (!at_destruction && custody::detail::capture_underway(upstream_)) return 0;
+        record_deferred();
         std::vector<held_block> done;
         {
             std::lock_guard lock(mutex_);

@@ -26,6 +26,11 @@ struct ring_options {
     /// Devices whose events are created when the ring is; empty: the calling thread's current
     /// device. A copy on a stream of another device creates that device's events on first use.
     std::vector<int> devices{};
+    /// Announce the ring to CUDA's tools through NVTX: the pinned region as a heap, each region
+    /// handed out (reserved, in flight or held) as a region of it until it is reclaimed or given
+    /// back unused. Takes effect when the process names an NVTX tool as the ring is built; otherwise
+    /// a branch on a constant per region.
+    bool annotate = true;
 };
 
 /// A snapshot of a ring's counters; a plain value.

@@ -16,6 +16,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/memory_annotations.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/core/failure_callback.hpp>
@@ -84,6 +85,8 @@ namespace custody::staging {
 /// not named in the options), never on the hot path.
 /// Complexity: reserve, commit, stage and release are O(1) plus, when room is short, one event
 /// query per region reclaimed. Neither copyable nor movable.
+/// CUDA's tools: with ring_options::annotate and an NVTX tool named to the process, the ring's memory is
+/// a heap and each region is announced from placement until it is reclaimed or given back unused.
 template <class Upstream>
     requires stream_ordered_resource<Upstream> && has_property<Upstream, host_accessible>
 class staging_ring final {
@@ -110,10 +113,11 @@ public:
           chunk_bytes_(options.chunk_bytes != 0
                            ? std::min(options.chunk_bytes, index_.capacity())
                            : std::clamp<std::size_t>(index_.capacity() / 4, 1, ring_options::default_chunk_limit)),
-          events_(index_.slot_count()) {
+          events_(index_.slot_count()), annotations_(options.annotate) {
         if (options.devices.empty()) options.devices.push_back(platform_type::current_device());
         for (const int d : options.devices) static_cast<void>(events_.row(d)); // validates, creates events
         base_ = static_cast<std::byte*>(upstream_.allocate_sync(index_.capacity(), alignment));
+        annotations_.heap_taken(base_, index_.capacity(), "custody staging_ring");
     }
 
     staging_ring(const staging_ring&) = delete;
@@ -136,9 +140,10 @@ public:
                 run_exit_tolerant<platform_type>("staging ring: waiting for a copy at destruction",
                                                  [&] { event(r.device, index_.oldest_slot()).synchronize(); });
             }
-            index_.reclaim_oldest();
+            reclaim_oldest();
         }
         lock.unlock();
+        annotations_.heap_returned(base_);
         upstream_.deallocate_sync(base_, index_.capacity(), alignment);
     }
 
@@ -365,6 +370,17 @@ private:
 
     event_type& event(int device, std::size_t slot) { return events_.at(device, slot); }
 
+    /// Where region `r`'s bytes start.
+    [[nodiscard]] std::byte* data_of(const detail::region& r) const noexcept {
+        return base_ + static_cast<std::size_t>(r.data_begin % index_.capacity());
+    }
+    /// Gives the oldest region's bytes back (caller holds mutex_), withdrawn from CUDA's tools
+    /// unless it was given back unused (withdrawn then).
+    void reclaim_oldest() noexcept {
+        if (index_.oldest().state != detail::region_state::cancelled) annotations_.coming_back(data_of(index_.oldest()));
+        index_.reclaim_oldest();
+    }
+
     /// Runs `enqueue` then records `e` on `stream` under `device`. If recording fails after the
     /// copy was enqueued, waits for the stream so the region is not reused under the copy.
     template <class Enqueue>
@@ -395,7 +411,7 @@ private:
             } else if (r.state != detail::region_state::cancelled) {
                 break;
             }
-            index_.reclaim_oldest();
+            reclaim_oldest();
             ++n;
         }
         return n;
@@ -420,6 +436,7 @@ private:
         }
         ++stats_.reservations;
         stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, index_.bytes_in_use());
+        annotations_.handed_out(base_ + p->offset, bytes);
         return p;
     }
 
@@ -481,6 +498,7 @@ private:
     /// Gives a reserved region back unused; `by_caller`: counted as a cancellation.
     void cancel(std::size_t slot, bool by_caller = true) noexcept {
         std::lock_guard lock(mutex_);
+        annotations_.coming_back(data_of(index_.at(slot)));
         index_.at(slot).state = detail::region_state::cancelled;
         if (by_caller) ++stats_.cancellations;
         if (waiting_ != 0) cv_.notify_all();
@@ -545,6 +563,7 @@ private:
     std::byte* base_ = nullptr;         ///< the region: capacity() bytes at `alignment`
     std::size_t waiting_ = 0;           ///< threads inside wait_for_room
     staging_statistics stats_;
+    custody::detail::memory_annotations annotations_; ///< the region and its parts, told to CUDA's tools
 };
 
 } // namespace custody::staging

@@ -16,9 +16,9 @@
 #include <custody/core/error.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/core/rank.hpp>
+#include <custody/core/detail/output_file.hpp>
 #include <custody/debug/owner_scope.hpp>
 #include <custody/trace/detail/event_ring.hpp>
-#include <custody/trace/detail/output_file.hpp>
 #include <custody/trace/detail/thread_rings.hpp>
 #include <custody/trace/detail/tick_clock.hpp>
 #include <custody/trace/event.hpp>
@@ -44,7 +44,6 @@
 #include <utility>
 #include <vector>
 
-#include <fcntl.h>
 #include <unistd.h>
 
 namespace custody::trace {
@@ -83,13 +82,15 @@ public:
         if (options_.thread_buffer_events == 0 || options_.reorder_limit == 0) {
             throw std::invalid_argument("custody recorder: thread_buffer_events and reorder_limit must be positive");
         }
-        fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd_ < 0) throw error("custody recorder: cannot write the trace '" + path_ + "': " + std::strerror(errno));
-        write_metadata();
-        if (!detail::write_all(fd_, writer_.buffer())) {
-            const std::string why = std::strerror(errno);
-            ::close(fd_);
-            throw error("custody recorder: cannot write the trace '" + path_ + "': " + why);
+        try {
+            // A new file renamed into place once its metadata is in (custody::detail::output_file:
+            // never written through a link planted at the name); the events follow through it.
+            file_.emplace(path_);
+            write_metadata();
+            file_->write(writer_.buffer());
+            file_->publish();
+        } catch (const custody::error& e) {
+            throw error(std::string("custody recorder: the trace: ") + e.what());
         }
         writer_.buffer().clear();
         thread_ = std::thread([this] { run(); });
@@ -377,7 +378,7 @@ private:
     void write_out() {
         std::string& bytes = writer_.buffer();
         if (!bytes.empty() && !failed_.load(std::memory_order_relaxed)) {
-            if (detail::write_all(fd_, bytes)) {
+            if (custody::detail::write_all(file_->descriptor(), bytes)) {
                 writes_.fetch_add(1, std::memory_order_relaxed);
                 bytes_written_.fetch_add(bytes.size(), std::memory_order_relaxed);
             } else {
@@ -417,7 +418,11 @@ private:
             }
         }
         write_out();
-        if (::close(fd_) != 0 && !failed_.load(std::memory_order_relaxed)) fail(std::strerror(errno));
+        try {
+            file_->commit();
+        } catch (const custody::error& e) {
+            fail(e.what());
+        }
     }
 
     void fail(const std::string& why) {
@@ -433,7 +438,7 @@ private:
     std::string path_;
     const std::uint64_t id_;
     const bool record_owner_ = options_.record_owner;
-    int fd_ = -1;
+    std::optional<custody::detail::output_file> file_; ///< published at construction
 
     alignas(64) std::atomic<std::uint64_t> next_sequence_{0}; // the last sequence number handed out
 

@@ -9,6 +9,7 @@
 #include <custody/debug/detail/ledger.hpp>
 #include <custody/debug/detail/timeline.hpp>
 #include <custody/debug/detail/watches.hpp>
+#include <custody/debug/history.hpp>
 #include <custody/debug/owner_scope.hpp>
 #include <custody/debug/report.hpp>
 #include <custody/debug/tracking_options.hpp>
@@ -16,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -34,9 +36,11 @@ public:
     using record = typename ledger_type::record;
     using outcome = free_outcome<record>;
 
-    tracker_state(const tracking_options& options, int rank)
-        : ledger_(options.remembered_frees), timeline_(options.kept_samples), rank_(rank),
-          check_device_(options.check_device), check_streams_(options.check_streams) {}
+    /// `start_unix_ns`: the Unix time of the tracker's time 0 (its clock's start), for the history.
+    tracker_state(const tracking_options& options, int rank, std::int64_t start_unix_ns)
+        : ledger_(options.remembered_frees), timeline_(options.kept_samples), history_(options.history),
+          start_unix_ns_(start_unix_ns), rank_(rank), check_device_(options.check_device),
+          check_streams_(options.check_streams) {}
 
     /// Records a block (see ledger::admit; strong guarantee) and runs the threshold watches,
     /// appending those that fire to `fired`.
@@ -45,6 +49,12 @@ public:
         if (!watches_.empty()) fired.reserve(watches_.size()); // before the first change
         const record& r = ledger_.admit(inner, a);
         watch_change_locked(r.allocated.owner, r.totals->bytes, r.allocated.device, fired);
+        remember_locked(history_action::alloc, inner, r, r.allocated.time_ns);
+    }
+
+    /// Records an allocation of `bytes` that found no memory, in the history (when kept).
+    void note_out_of_memory(std::size_t bytes, std::uintptr_t stream, std::int64_t time_ns) noexcept {
+        if (history_) history_->record(history_event{history_action::oom, 0, bytes, stream, start_unix_ns_ + time_ns, current_owner(), {}});
     }
 
     /// Numbers the free `call` and looks it up. A good free takes the block out of the ledger (and
@@ -73,6 +83,8 @@ public:
         const owner_id owner = r.allocated.owner;
         const owner_totals& totals = *r.totals;
         const int device = r.allocated.device;
+        remember_locked(history_action::free_requested, call.ptr, r, call.site.time_ns);
+        remember_locked(history_action::free_completed, call.ptr, r, call.site.time_ns);
         ledger_.release(*e, call.site); // `r` may be gone from here on
         watch_change_locked(owner, totals.bytes, device, fired);
         return free_verdict::good;
@@ -180,6 +192,14 @@ public:
     }
 
 private:
+    /// Records `action` on the block `r` at user pointer `inner` in the history (when kept): the
+    /// allocation's owner, stream and stack, at tracker time `time_ns`.
+    void remember_locked(history_action action, const void* inner, const record& r, std::int64_t time_ns) noexcept {
+        if (!history_) return;
+        history_->record(history_event{action, reinterpret_cast<std::uintptr_t>(inner), r.bytes, r.allocated.stream,
+                                       start_unix_ns_ + time_ns, r.allocated.owner, r.stack});
+    }
+
     void watch_change_locked(owner_id owner, std::size_t owner_bytes, int device, std::vector<fired_watch>& fired) noexcept {
         if (!watches_.empty()) watches_.on_change(owner, owner_bytes, device, ledger_.device(device).bytes, rank_, fired);
     }
@@ -191,6 +211,8 @@ private:
     ledger_type ledger_;
     watch_set watches_;
     timeline timeline_;
+    std::shared_ptr<allocation_history> history_; ///< null: none kept
+    std::int64_t start_unix_ns_;
     int rank_;
     bool check_device_;
     bool check_streams_;

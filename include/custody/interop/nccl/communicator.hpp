@@ -7,6 +7,7 @@
 #include <custody/core/rank.hpp>
 #include <custody/interop/bind_device.hpp>
 #include <custody/interop/device_lock.hpp>
+#include <custody/interop/gpu_name.hpp>
 #include <custody/interop/nccl/detail/all_gather.hpp>
 #include <custody/platform/cuda.hpp>
 
@@ -14,7 +15,6 @@
 #include <nccl.h>
 
 #include <cstddef>
-#include <cstdio>
 #include <cstring>
 #include <new>
 #include <string>
@@ -23,19 +23,15 @@
 
 namespace custody::interop::nccl {
 
-/// The UUID of CUDA device `device` as nvidia-smi prints it ("GPU-8-4-4-4-12 hex digits"): the
-/// identity two processes compare, whatever ordinals CUDA_VISIBLE_DEVICES gave them.
+/// The UUID of CUDA device `device` as nvidia-smi prints it ("GPU-8-4-4-4-12 hex digits",
+/// interop/gpu_name.hpp): the identity two processes compare, whatever ordinals
+/// CUDA_VISIBLE_DEVICES gave them.
 [[nodiscard]] inline std::string device_uuid(int device) {
     cudaDeviceProp prop{};
     CUSTODY_CUDA_TRY(cudaGetDeviceProperties(&prop, device));
-    std::string text = "GPU-";
-    for (int i = 0; i < 16; ++i) {
-        char hex[3];
-        std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned char>(prop.uuid.bytes[i]));
-        text += hex;
-        if (i == 3 || i == 5 || i == 7 || i == 9) text += '-';
-    }
-    return text;
+    unsigned char bytes[16];
+    std::memcpy(bytes, prop.uuid.bytes, sizeof bytes);
+    return gpu_name(bytes);
 }
 
 /// A fresh unique id for ncclCommInitRank; created by one rank and sent to the others out of band.

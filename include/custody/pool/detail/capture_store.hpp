@@ -6,6 +6,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/memory_annotations.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/core/statistics.hpp>
@@ -25,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -71,20 +73,28 @@ struct capture_figures {
 /// while it holds memory or a route has not been released (holds > 0): release drops one hold, and
 /// a pool without holds gives its wholly free chunks back to the upstream, after a device
 /// synchronization (a replay may still run), as soon as no route is open; a block given back later
-/// frees its chunk the same way.
+/// frees its chunk the same way. An id whose last hold was released is retired: never routed
+/// again. A release while the id's route is open abandons that capture and ends the route.
 ///
-/// The store never records events, never synchronizes while a route is open, and takes chunks
-/// under a relaxed capture mode (cudaMalloc does not touch the capture), so captures stay valid.
+/// The store never records events, never synchronizes a stream of the capture, and takes chunks
+/// under a relaxed capture mode (asking the device for its free memory and taking memory do not
+/// touch the capture; CUDA only calls them potentially unsafe), on a stream of its own (never the
+/// default stream: over cudaMallocAsync the legacy default stream takes part implicitly in the
+/// capture of any blocking stream, and work on it would invalidate that capture), so captures stay
+/// valid.
 ///
 /// Invariants (under mutex_):
 ///   routes_list_.size() == routes_ ; p.routing <=> exactly one route names p
+///   id in retired_ <=> its last hold was released (then pools_[id], if any, has holds == 0)
 ///   for each pool p: p.reserved = sum of p.chunks = p.block_bytes + p.common.bytes()
 ///                    + sum of p.pending[*].bytes() + p.lost
 ///   p.pending is empty unless p.routing
 ///   chunk_owner_ and ranges_ hold exactly the chunks of every pool; reserved_ = sum of p.reserved
 /// Thread safety: thread-safe (one mutex; the common path of the owning pool reads two atomics).
 /// Ownership: owns the private chunks, taken from and given back to the owner's upstream, which
-/// must outlive the store. Complexity: O(log n) per call plus O(routes).
+/// must outlive the store. Each chunk is announced to CUDA's tools as a heap of its own that is one
+/// region end to end, named after its pool: a graph's replays touch every block its capture
+/// allocated, given back during the capture or not, long after the host's calls. Complexity: O(log n) per call plus O(routes).
 template <stream_ordered_resource Upstream>
 class capture_store {
 public:
@@ -99,9 +109,9 @@ public:
     static constexpr std::size_t chunk_rounding = std::size_t{2} << 20;
 
     capture_store(Upstream& upstream, int device, std::size_t chunk_alignment, std::size_t growth_step,
-                  capture_check check, limit_type may_take)
+                  capture_check check, limit_type may_take, custody::detail::memory_annotations& annotations)
         : upstream_(upstream), device_(device), chunk_alignment_(chunk_alignment), growth_step_(growth_step),
-          every_call_(check == capture_check::every_call), may_take_(std::move(may_take)) {}
+          every_call_(check == capture_check::every_call), may_take_(std::move(may_take)), annotations_(annotations) {}
     capture_store(const capture_store&) = delete;
     capture_store& operator=(const capture_store&) = delete;
 
@@ -115,6 +125,7 @@ public:
             report_failure("stream_ordered_pool: synchronizing the device failed before giving capture memory back");
         }
         for (auto& [base, pool] : chunk_owner_) {
+            annotations_.heap_returned(reinterpret_cast<void*>(base));
             upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), pool->chunks.at(base), chunk_alignment_);
         }
     }
@@ -132,13 +143,14 @@ public:
     /// Opens a route to pool `id` (made with one hold if new, else given one more hold: a shared
     /// pool). It claims `origin` (the capturing stream, known without a query) and the streams of
     /// its capture, or the streams `filter` accepts. Throws std::invalid_argument when `id` is
-    /// already routed or was released; bad_alloc. Strong.
+    /// already routed or was released (retired, whether its memory is gone or not); bad_alloc.
+    /// Strong.
     void begin_route(capture_pool_id id, filter_type filter, std::optional<stream_type> origin) {
         std::lock_guard lock(mutex_);
+        if (retired_.contains(id)) throw std::invalid_argument("custody: capture pool " + text(id) + " was released");
         auto found = pools_.find(id);
-        if (found != pools_.end()) {
-            if (found->second->routing) throw std::invalid_argument("custody: capture pool " + text(id) + " is already being allocated to");
-            if (found->second->holds == 0) throw std::invalid_argument("custody: capture pool " + text(id) + " was released");
+        if (found != pools_.end() && found->second->routing) {
+            throw std::invalid_argument("custody: capture pool " + text(id) + " is already being allocated to");
         }
         routes_list_.reserve(routes_list_.size() + 1);
         private_pool* p = nullptr;
@@ -160,29 +172,30 @@ public:
     /// has ended. Throws std::invalid_argument when `id` is not routed.
     void end_route(capture_pool_id id) {
         std::lock_guard lock(mutex_);
-        auto r = std::find_if(routes_list_.begin(), routes_list_.end(), [&](const route& x) { return x.pool->id == id; });
-        if (r == routes_list_.end()) throw std::invalid_argument("custody: capture pool " + text(id) + " is not being allocated to");
-        private_pool& p = *r->pool;
-        routes_list_.erase(r);
-        routes_.store(routes_list_.size(), std::memory_order_release);
-        p.routing = false;
-        for (auto& [key, set] : p.pending) {
-            set.drain([&](const free_block& b) { keep_free(p, p.common, b); });
+        auto found = pools_.find(id);
+        if (found == pools_.end() || !found->second->routing) {
+            throw std::invalid_argument("custody: capture pool " + text(id) + " is not being allocated to");
         }
-        p.pending.clear();
+        close_route(*found->second);
         collect();
     }
 
     /// Drops one hold on pool `id`; without holds, its memory goes back to the upstream as it
-    /// becomes free and no route is open. Throws std::invalid_argument when `id` holds nothing
-    /// (never begun, or released as many times as begun).
+    /// becomes free and no route is open, and the id is retired. A release while the id's route is
+    /// open abandons that capture (its graph will never be replayed): the route ends with it, so
+    /// that it keeps neither the stream's allocations private nor trim() from collecting. Throws
+    /// std::invalid_argument when `id` holds nothing (never begun, or released as many times as
+    /// begun); bad_alloc. Strong.
     void release(capture_pool_id id) {
         std::lock_guard lock(mutex_);
         auto found = pools_.find(id);
         if (found == pools_.end() || found->second->holds == 0) {
             throw std::invalid_argument("custody: capture pool " + text(id) + " is not held (released already, or never begun)");
         }
-        --found->second->holds;
+        private_pool& p = *found->second;
+        if (p.holds == 1) retired_.insert(id); // the only step that can throw, taken first
+        if (p.routing) close_route(p);
+        --p.holds;
         collect();
     }
 
@@ -290,6 +303,18 @@ private:
         std::uint64_t capture_id; ///< origin's capture id, asked once when first needed (0: not yet)
     };
 
+    /// Ends p's route (mutex_ held): its streams' allocations are ordinary again, and the blocks
+    /// given back during the capture join p's common set.
+    void close_route(private_pool& p) noexcept {
+        std::erase_if(routes_list_, [&](const route& r) { return r.pool == &p; });
+        routes_.store(routes_list_.size(), std::memory_order_release);
+        p.routing = false;
+        for (auto& [key, set] : p.pending) {
+            set.drain([&](const free_block& b) { keep_free(p, p.common, b); });
+        }
+        p.pending.clear();
+    }
+
     /// The route that claims `stream` (mutex_ held), or nullptr for an ordinary stream.
     route* route_for(stream_type stream, std::size_t bytes) {
         const std::uintptr_t key = platform_type::stream_key(stream);
@@ -311,7 +336,10 @@ private:
     }
 
     /// Takes a chunk for `size` bytes at `alignment` into p's common set (mutex_ held). Strong.
+    /// Under a relaxed capture mode from the start: the owner's limit may ask the device for its
+    /// free memory (cudaMemGetInfo), as potentially unsafe as taking the memory.
     bool grow(private_pool& p, std::size_t size, std::size_t alignment) {
+        const basic_capture_mode_guard<platform_type> relaxed(capture_mode::relaxed);
         const std::size_t need = size + (alignment > chunk_alignment_ ? alignment - chunk_alignment_ : 0);
         const std::size_t preferred = need <= growth_step_ ? growth_step_ : align_up(need, chunk_rounding);
         const std::size_t tries[2] = {preferred, need}; // the exact need when the preferred chunk is refused
@@ -319,12 +347,7 @@ private:
             const std::size_t n = tries[i];
             if (!may_take_(n)) continue;
             ranges_.reserve(ranges_.size() + 1);
-            void* ptr = nullptr;
-            {
-                // Taking memory does not touch the capture; CUDA only calls it potentially unsafe.
-                basic_capture_mode_guard<platform_type> relaxed(capture_mode::relaxed);
-                ptr = custody::try_allocate(upstream_, stream_type{}, n, chunk_alignment_);
-            }
+            void* ptr = take_chunk(n);
             if (ptr == nullptr) continue;
             const auto base = reinterpret_cast<std::uintptr_t>(ptr);
             try {
@@ -338,16 +361,44 @@ private:
                 }
             } catch (...) {
                 p.chunks.erase(base);
-                upstream_.deallocate(stream_type{}, ptr, n, chunk_alignment_);
+                upstream_.deallocate(growth_stream_->view(), ptr, n, chunk_alignment_);
                 throw;
             }
             ranges_.insert(base, base + n); // room reserved above
+            announce(p, ptr, n);
             p.reserved += n;
             reserved_.fetch_add(n, std::memory_order_relaxed);
             ++upstream_allocations_;
             return true;
         }
         return false;
+    }
+
+    /// `n` bytes from the upstream on the store's own stream (made at the first growth), usable by
+    /// every stream once taken (the stream is synchronized: it runs nothing else); nullptr when the
+    /// upstream has none. Throws what making or synchronizing the stream throws, giving the memory
+    /// back first (mutex_ held, relaxed capture mode).
+    void* take_chunk(std::size_t n) {
+        if (!growth_stream_) growth_stream_.emplace(device_ >= 0 ? device_ : platform_type::current_device());
+        const stream_type on = growth_stream_->view();
+        void* ptr = custody::try_allocate(upstream_, on, n, chunk_alignment_);
+        if (ptr == nullptr) return nullptr;
+        try {
+            platform_type::synchronize(on);
+        } catch (...) {
+            upstream_.deallocate(on, ptr, n, chunk_alignment_);
+            throw;
+        }
+        return ptr;
+    }
+
+    /// Announces a new chunk of `p` to CUDA's tools: a heap that is one region, named after `p`.
+    void announce(const private_pool& p, const void* chunk, std::size_t n) noexcept {
+        if (!annotations_.on()) return; // spares the name
+        try {
+            annotations_.heap_taken(chunk, n, "custody capture pool " + text(p.id), /*whole=*/true);
+        } catch (...) { // no memory for the name: the chunk goes unannounced
+        }
     }
 
     void keep_free(private_pool& p, free_set& set, const free_block& b) noexcept {
@@ -400,6 +451,7 @@ private:
                 ranges_.erase(b.address);
                 p->reserved -= b.size;
                 reserved_.fetch_sub(b.size, std::memory_order_relaxed);
+                annotations_.heap_returned(reinterpret_cast<void*>(b.address));
                 upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(b.address), b.size, chunk_alignment_);
                 ++upstream_deallocations_;
                 given += b.size;
@@ -447,9 +499,12 @@ private:
     const std::size_t growth_step_;
     const bool every_call_;
     const limit_type may_take_;
+    custody::detail::memory_annotations& annotations_;
 
     mutable std::mutex mutex_;
+    std::optional<typename platform_type::stream> growth_stream_; ///< made at the first growth
     std::map<capture_pool_id, std::unique_ptr<private_pool>> pools_;
+    std::set<capture_pool_id> retired_; ///< ids released for good: one small node per released id
     std::map<std::uintptr_t, private_pool*> chunk_owner_; ///< chunk base -> its pool
     std::vector<route> routes_list_;
     std::atomic<std::size_t> routes_{0};  ///< == routes_list_.size(), read without the lock

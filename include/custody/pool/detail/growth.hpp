@@ -85,7 +85,12 @@ public:
     /// the device budget: `device_headroom` bytes stay free on the device, as `device` reports it
     /// (memory taken by others counts), or else as device_capacity minus what the pool holds.
     [[nodiscard]] bool allows(std::size_t n, std::size_t reserved, const std::optional<device_memory>& device) const noexcept {
-        if (n > maximum_ || reserved > maximum_ - n) return false;
+        return allows(n, reserved, device, maximum_);
+    }
+    /// The same with `maximum` in place of maximum_size (a limit changed while the pool runs).
+    [[nodiscard]] bool allows(std::size_t n, std::size_t reserved, const std::optional<device_memory>& device,
+                              std::size_t maximum) const noexcept {
+        if (n > maximum || reserved > maximum - n) return false;
         if (device) {
             const std::size_t headroom = headroom_on(headroom_, device->total);
             return device->free >= n && device->free - n >= headroom;
@@ -98,8 +103,10 @@ public:
     }
 
     /// Requests larger than this fail at once: no amount of reclaiming could serve them.
-    [[nodiscard]] std::size_t request_limit() const noexcept {
-        std::size_t limit = std::min(maximum_, SIZE_MAX / 2);
+    [[nodiscard]] std::size_t request_limit() const noexcept { return request_limit(maximum_); }
+    /// The same with `maximum` in place of maximum_size.
+    [[nodiscard]] std::size_t request_limit(std::size_t maximum) const noexcept {
+        std::size_t limit = std::min(maximum, SIZE_MAX / 2);
         if (capacity_ != 0) limit = std::min(limit, capacity_budget());
         return limit;
     }
@@ -107,9 +114,10 @@ public:
     /// The limits as out_of_memory says them, for a pool holding `reserved` bytes that could not
     /// serve `request` bytes: the device budget and its parts ("device budget 1.75 GiB =
     /// capacity 2 GiB - headroom 256 MiB (device_headroom), the pool holds ..."), and
-    /// maximum_size when set; "" when neither applies. `device` as for allows().
+    /// maximum_size (`maximum`: the pool's limit now) when set; "" when neither applies. `device` as
+    /// for allows().
     [[nodiscard]] std::string describe_limits(std::size_t request, std::size_t reserved,
-                                              const std::optional<device_memory>& device) const {
+                                              const std::optional<device_memory>& device, std::size_t maximum) const {
         using custody::detail::bytes_text;
         std::string d;
         if (device) {
@@ -125,8 +133,8 @@ public:
                 bytes_text(reserved) +
                 (reserved > budget || request > budget - reserved ? ": the request does not fit in it" : "");
         }
-        if (maximum_ != SIZE_MAX) {
-            d += (d.empty() ? "" : "; ") + std::string("maximum_size ") + bytes_text(maximum_) + ", the pool holds " +
+        if (maximum != SIZE_MAX) {
+            d += (d.empty() ? "" : "; ") + std::string("maximum_size ") + bytes_text(maximum) + ", the pool holds " +
                  bytes_text(reserved);
         }
         return d;

@@ -5,6 +5,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/memory_annotations.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/chunk_map.hpp>
@@ -65,7 +66,8 @@ template <class Upstream>
 ///   free_[k] holds only blocks of chunks of kind k, and only idle ones (any stream may use them)
 /// Thread safety: thread-safe; one mutex for the free spans (taken after a shard's lock is
 /// released, never with it), then the chunk map's. Ownership: holds the chunks (given back by
-/// release_free_chunks and release_all), not the upstream, which must outlive it.
+/// release_free_chunks and release_all), not the upstream, which must outlive it. Announces each
+/// chunk to CUDA's tools as a heap while it holds it (memory_annotations, the pool's).
 /// Complexity: O(log n) per take or insert; growing costs one upstream call (and the memory query).
 template <stream_ordered_resource Upstream>
 class shared_store {
@@ -73,10 +75,11 @@ public:
     using stream_type = typename Upstream::stream_type;
 
     /// Over `upstream`, with validated `options`, for memory of `device` (-1: none); chunks are
-    /// requested at `chunk_alignment`.
-    shared_store(Upstream& upstream, const pool_options& options, int device, std::size_t chunk_alignment)
+    /// requested at `chunk_alignment` and announced through `annotations` (both outlive the store).
+    shared_store(Upstream& upstream, const pool_options& options, int device, std::size_t chunk_alignment,
+                 custody::detail::memory_annotations& annotations)
         : upstream_(upstream), growth_(options), memory_info_(options.memory_info), device_(device),
-          chunk_alignment_(chunk_alignment) {}
+          chunk_alignment_(chunk_alignment), maximum_(options.maximum_size), annotations_(annotations) {}
     shared_store(const shared_store&) = delete;
     shared_store& operator=(const shared_store&) = delete;
 
@@ -167,6 +170,7 @@ public:
     void release_all() noexcept {
         std::lock_guard lock(mutex_);
         chunks_.for_each([&](std::uintptr_t base, std::size_t size) {
+            annotations_.heap_returned(reinterpret_cast<void*>(base));
             upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), size, chunk_alignment_);
         });
     }
@@ -208,10 +212,13 @@ public:
     [[nodiscard]] std::size_t reserved() const noexcept { return chunks_.reserved(); }
     /// Whether `n` more bytes may be taken from the upstream now (the limits and the device budget).
     [[nodiscard]] bool may_take(std::size_t n) const { return within_limits(n); }
+    /// From now on the chunks may hold at most `bytes` (in place of options.maximum_size).
+    void set_maximum(std::size_t bytes) noexcept { maximum_.store(bytes, std::memory_order_relaxed); }
 
     /// The limits that stopped a request of `bytes`, for out_of_memory (growth_rule::describe_limits).
     [[nodiscard]] std::string describe_limits(std::size_t bytes) const {
-        return growth_.describe_limits(bytes, chunks_.reserved(), device_memory_now());
+        return growth_.describe_limits(bytes, chunks_.reserved(), device_memory_now(),
+                                       maximum_.load(std::memory_order_relaxed));
     }
 
 private:
@@ -245,7 +252,7 @@ private:
     /// options.memory_info is set). What the upstream retains counts as free: the next chunk comes
     /// from it first.
     [[nodiscard]] bool within_limits(std::size_t n) const {
-        return growth_.allows(n, chunks_.reserved(), device_memory_now());
+        return growth_.allows(n, chunks_.reserved(), device_memory_now(), maximum_.load(std::memory_order_relaxed));
     }
 
     /// The upstream's trim(), when it has one; a failure is reported (the chunks are back all the same).
@@ -286,6 +293,7 @@ private:
             upstream_.deallocate(stream_type{}, p, n, chunk_alignment_);
             throw;
         }
+        annotations_.heap_taken(p, n, "custody stream_ordered_pool");
         return true;
     }
 
@@ -295,6 +303,7 @@ private:
             const auto whole = [&](std::uintptr_t address, std::size_t size) { return chunks_.is_whole(address, size); };
             set.take_whole_chunks(whole, [&](const free_block& b) {
                 chunks_.remove(b.address);
+                annotations_.heap_returned(reinterpret_cast<void*>(b.address));
                 upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(b.address), b.size, chunk_alignment_);
                 released += b.size;
             });
@@ -308,6 +317,8 @@ private:
     memory_info_function memory_info_;
     int device_;
     std::size_t chunk_alignment_;
+    std::atomic<std::size_t> maximum_; ///< options.maximum_size until set_maximum
+    custody::detail::memory_annotations& annotations_;
     mutable std::mutex mutex_;
     per_kind<free_set> free_; ///< guarded by mutex_
     chunk_map chunks_;

@@ -1,0 +1,134 @@
+"""Sleep and wake by owner from PyTorch (custody.torch re-exports these): what vLLM's sleep mode
+does, on custody's sleepable memory.
+
+    with custody.torch.sleepable("weights"):
+        model = build_model().cuda()
+    with custody.torch.sleepable("kv_cache"):
+        cache = torch.empty(..., device="cuda")
+    custody.torch.sleep(["weights", "kv_cache"], offload=["weights"])   # the GPU memory goes back
+    ...                                                                 # train, or another model
+    custody.torch.wake(["weights", "kv_cache"])                         # same addresses: tensors and
+                                                                        # captured graphs keep working
+
+Each owner has a torch.cuda.MemPool of its own per device, backed by a CUDAPluggableAllocator over
+the library's custody_sleep_malloc and custody_sleep_free: PyTorch's caching allocator splits and
+caches segments inside the pool, so a segment never serves two owners. This needs no
+custody.torch.enable(): the process keeps PyTorch's allocator for everything else.
+
+Host memory: the pinned memory offloaded contents are copied into is kept from one sleep to the
+next (pinning fresh memory at every sleep costs more than the copy); release_host_memory() gives
+back what no sleeping owner holds.
+
+Streams: PyTorch does not tell its allocator which streams a tensor is used on, so sleep() waits
+for the work queued on the stream each segment was allocated on and on the current stream (or the
+streams given). Segments PyTorch caches in a pool (freed tensors) sleep too: call
+torch.cuda.empty_cache() first to give them back instead."""
+
+import contextlib
+
+from . import sleepable as _sleepable
+from ._library import library, library_path
+from .tracking import owner as _owner_scope
+
+__all__ = ["sleepable", "sleepable_pool", "sleep", "wake", "is_asleep", "sleep_stats", "release_host_memory",
+           "SleepError", "OwnerAsleepError", "OwnerAwakeError", "CaptureOpenError"]
+
+release_host_memory = _sleepable.release_host_memory
+
+SleepError = _sleepable.SleepError
+OwnerAsleepError = _sleepable.OwnerAsleepError
+OwnerAwakeError = _sleepable.OwnerAwakeError
+CaptureOpenError = _sleepable.CaptureOpenError
+
+_pools = {}
+_allocator = {}
+
+
+def _device_index(torch, device):
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _pluggable_allocator(torch):
+    """One CUDAPluggableAllocator over the library's sleepable memory, for every pool."""
+    if "it" not in _allocator:
+        path = library_path()
+        if library(path).platform != "cuda":
+            raise _sleepable.CustodyError("custody: %s is the %s build of the allocator library; a MemPool needs the "
+                                          "CUDA build" % (path, library(path).platform))
+        _allocator["it"] = torch.cuda.memory.CUDAPluggableAllocator(path, "custody_sleep_malloc", "custody_sleep_free")
+    return _allocator["it"]
+
+
+def sleepable_pool(owner, device=None):
+    """The torch.cuda.MemPool of `owner` on `device` (default: the current one), made on first use
+    and kept for the process: what a tensor allocated in it holds sleeps and wakes with `owner`."""
+    import torch
+
+    key = (owner, _device_index(torch, device))
+    if key not in _pools:
+        _pools[key] = torch.cuda.MemPool(_pluggable_allocator(torch).allocator())
+    return _pools[key]
+
+
+@contextlib.contextmanager
+def sleepable(owner, device=None):
+    """Inside, what this thread allocates on `device` (default: the current one) through PyTorch is
+    `owner`'s sleepable memory (its MemPool, under its owner scope). Yields the pool. Raises
+    OwnerAsleepError while `owner` sleeps: PyTorch could otherwise hand out a segment it cached in
+    the pool, which is not mapped while its owner sleeps."""
+    import torch
+
+    index = _device_index(torch, device)
+    if _sleepable.is_asleep(owner, device=index):
+        raise OwnerAsleepError("custody: owner '%s' is asleep on device %d: wake it before allocating for it"
+                               % (owner, index))
+    pool = sleepable_pool(owner, index)
+    with _owner_scope(owner), torch.cuda.use_mem_pool(pool, index):
+        yield pool
+
+
+def _streams(torch, device, streams):
+    if streams is not None:
+        return [s.cuda_stream if hasattr(s, "cuda_stream") else s for s in streams]
+    if not torch.cuda.is_initialized():
+        return []
+    return [torch.cuda.current_stream(device).cuda_stream]
+
+
+def sleep(owners, offload=(), device=None, streams=None):
+    """Gives back the GPU memory of `owners` on `device` (default: the current one), the contents of
+    those in `offload` copied to pinned host memory first, the others' dropped. Waits for the work
+    queued so far on the streams their segments were allocated on and on `streams` (default: the
+    current stream); no device-wide synchronization. Raises OwnerAsleepError, CaptureOpenError,
+    OutOfMemoryError, ValueError, CustodyError, each with the owners as they were."""
+    import torch
+
+    index = _device_index(torch, device)
+    _sleepable.sleep(owners, offload, device=index, streams=_streams(torch, index, streams))
+
+
+def wake(owners, device=None):
+    """Maps the memory of `owners` on `device` again at the same addresses, restores the offloaded
+    contents and zeroes the others; returns when they are in place. Raises OwnerAwakeError,
+    OutOfMemoryError, CustodyError, with the owners still asleep."""
+    import torch
+
+    _sleepable.wake(owners, device=_device_index(torch, device))
+
+
+def is_asleep(owner, device=None):
+    import torch
+
+    return _sleepable.is_asleep(owner, device=_device_index(torch, device))
+
+
+def sleep_stats(device=None):
+    """The sleepable memory of `device` (see custody.sleepable.stats)."""
+    import torch
+
+    return _sleepable.stats(device=_device_index(torch, device))

@@ -1,0 +1,60 @@
+// What the kernel says of a range of pages of this process: mapped and accessible (/proc/self/maps),
+// resident (mincore), and the process's resident memory (/proc/self/statm). Host platform only.
+#pragma once
+
+#include <custody/platform/host_vmm.hpp>
+
+#include "../support/catch.hpp"
+
+#include <sys/mman.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace custody_test::host_pages {
+
+inline std::size_t page() { return custody::host::vmm::page_size(); }
+
+/// The permissions /proc/self/maps gives the page at `p` ("rw-p", "---p"), or "" if unmapped.
+inline std::string protection(const void* p) {
+    std::ifstream maps("/proc/self/maps");
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    for (std::string line; std::getline(maps, line);) {
+        std::istringstream fields(line);
+        std::string range;
+        std::string perms;
+        fields >> range >> perms;
+        const auto dash = range.find('-');
+        const std::uintptr_t lo = std::stoull(range.substr(0, dash), nullptr, 16);
+        const std::uintptr_t hi = std::stoull(range.substr(dash + 1), nullptr, 16);
+        if (lo <= at && at < hi) return perms;
+    }
+    return "";
+}
+
+/// The page at `p` has memory mapped and accessible: a sleeping page is the reservation again ("---p").
+inline bool mapped(const void* p) { return protection(p).rfind("rw", 0) == 0; }
+
+/// Bytes of [p, p+n) in memory now (mincore).
+inline std::size_t resident_bytes(const void* p, std::size_t n) {
+    std::vector<unsigned char> in((n + page() - 1) / page());
+    REQUIRE(::mincore(const_cast<void*>(p), n, in.data()) == 0);
+    std::size_t pages = 0;
+    for (unsigned char c : in) pages += c & 1U;
+    return pages * page();
+}
+
+/// The process's resident memory, in bytes.
+inline std::size_t process_resident() {
+    std::ifstream statm("/proc/self/statm");
+    std::size_t size = 0;
+    std::size_t resident = 0;
+    statm >> size >> resident;
+    return resident * page();
+}
+
+} // namespace custody_test::host_pages
