@@ -61,14 +61,12 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <memory>
 #include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
-#include <vector>
 
 namespace custody::pool {
 
