@@ -6,6 +6,7 @@
 // (pinning fresh memory at each sleep would cost more than the copy: docs/sleep.md) until
 // custody_sleep_release_host gives it back.
 #include "custody_sleep.h"
+#include "plugin_state.hpp"
 
 #include <custody/core/error.hpp>
 #include <custody/debug/owner_scope.hpp>
@@ -33,12 +34,13 @@
 
 namespace {
 
+using custody_plugin::platform;
+using custody_plugin::stream_of; // PyTorch's streams as the whole library reads them
+
 #if defined(CUSTODY_TORCH_CUDA)
-using platform = custody::cuda::platform;
 using memory_type = custody::sleep::sleepable_memory<custody::cuda::vmm,
                                                      custody::pool::stream_ordered_pool<custody::resource::pinned_host>>;
 #else
-using platform = custody::host::platform;
 using memory_type = custody::sleep::sleepable_memory<custody::host::vmm,
                                                      custody::pool::stream_ordered_pool<custody::resource::host_memory>>;
 #endif
@@ -52,14 +54,6 @@ allocator_type& sleeper() {
         return std::make_unique<memory_type>(device);
     });
     return *the;
-}
-
-platform::stream_view stream_of(void* stream) noexcept {
-#if defined(CUSTODY_TORCH_CUDA)
-    return platform::stream_view(static_cast<cudaStream_t>(stream));
-#else
-    return platform::stream_view(static_cast<custody::host::detail::stream_state*>(stream));
-#endif
 }
 
 /// Runs `f` and returns CUSTODY_SLEEP_OK, or the status of the exception it threw (its message is

@@ -115,8 +115,34 @@ def install_capture(torch, lib):
     setattr(graph, end_name, capture_end)
 
 
-def _device_index(torch, device):
-    return torch.cuda.current_device() if device is None else torch.cuda._get_device_index(device)
+_allocators = {}
+
+
+def pluggable_allocator(torch, path, alloc_name, free_name):
+    """The CUDAPluggableAllocator over `alloc_name` and `free_name` of the library at `path`, made once
+    and kept for the process (PyTorch calls its functions for as long as a MemPool over it lives).
+    Raises CustodyError unless `path` is the CUDA build: a MemPool hands its memory to CUDA kernels."""
+    from ._library import library
+
+    key = (str(path), alloc_name, free_name)
+    if key not in _allocators:
+        lib = library(path)
+        if lib.platform != "cuda":
+            raise CustodyError("custody: %s is the %s build of the allocator library; a MemPool needs the CUDA build"
+                               % (path, lib.platform))
+        _allocators[key] = torch.cuda.memory.CUDAPluggableAllocator(str(path), alloc_name, free_name)
+    return _allocators[key]
+
+
+def device_index(torch, device):
+    """The index of `device` (None: the current device; an int, a torch.device or a text such as
+    "cuda:1"; "cuda" alone: the current device)."""
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def install_memory_fraction(torch, lib):
@@ -129,13 +155,13 @@ def install_memory_fraction(torch, lib):
     @functools.wraps(original_set)
     def set_per_process_memory_fraction(fraction, device=None):
         original_set(fraction, device)
-        index = _device_index(torch, device)
+        index = device_index(torch, device)
         total = torch.cuda.get_device_properties(index).total_memory
         lib.set_max_bytes(index, int(fraction * total))
         fractions[index] = fraction
 
     def get_per_process_memory_fraction(device=None):
-        return fractions.get(_device_index(torch, device), 1.0)
+        return fractions.get(device_index(torch, device), 1.0)
 
     for module in (torch.cuda, torch.cuda.memory):
         module.set_per_process_memory_fraction = set_per_process_memory_fraction

@@ -10,7 +10,8 @@ handles (a cudaStream_t as an int, or None for the default stream)."""
 import ctypes
 
 from . import _owners
-from ._library import INT_MAX, SIZE_MAX, U64_MAX, CustodyError, OutOfMemoryError, check_integer, check_text, library
+from ._library import _device, _stream
+from ._library import SIZE_MAX, U64_MAX, CustodyError, OutOfMemoryError, check_integer, check_text, library
 
 __all__ = ["SleepError", "OwnerAsleepError", "OwnerAwakeError", "CaptureOpenError", "alloc", "free", "sleep", "wake",
            "is_asleep", "stats", "owner_stats", "release_host_memory"]
@@ -93,14 +94,6 @@ def _names(owners):
     return owners
 
 
-def _device(device, lowest=0):
-    return check_integer(device, "device", lowest, INT_MAX)
-
-
-def _stream(stream):
-    return None if stream is None else check_integer(stream, "stream", 0, U64_MAX)
-
-
 def _array(ctype, values):
     return (ctype * max(len(values), 1))(*values)
 
@@ -112,7 +105,7 @@ def alloc(size, device=0, stream=None, lib=None):
     cdll = _bound(lib)
     check_integer(size, "size", 0, SIZE_MAX)
     _owners.sync(lib)  # the library charges the thread's owner: this context's
-    address = cdll.custody_sleep_alloc(size, _device(device), _stream(stream))
+    address = cdll.custody_sleep_alloc(size, _device(device, 0), _stream(stream))
     if not address and size != 0:
         message = (cdll.custody_sleep_last_error() or b"").decode("utf-8", "replace")
         if "is asleep" in message:
@@ -125,7 +118,7 @@ def free(address, size, device=0, stream=None, lib=None):
     """Gives a block of alloc() back (after the work queued on `stream`); a sleeping block goes at once."""
     check_integer(address, "address", 0, U64_MAX)
     check_integer(size, "size", 0, SIZE_MAX)
-    _bound(lib or library()).custody_sleep_free(address, size, _device(device), _stream(stream))
+    _bound(lib or library()).custody_sleep_free(address, size, _device(device, 0), _stream(stream))
 
 
 def sleep(owners, offload=(), device=0, streams=(), lib=None):
@@ -141,7 +134,7 @@ def sleep(owners, offload=(), device=0, streams=(), lib=None):
         raise ValueError("custody: offload names owners that are not put to sleep: %s" % sorted(offload - set(owners)))
     streams = [_stream(s) for s in streams or ()]
     cdll = _bound(lib or library())
-    _check(cdll, cdll.custody_sleep(_device(device), _array(ctypes.c_char_p, [o.encode() for o in owners]),
+    _check(cdll, cdll.custody_sleep(_device(device, 0), _array(ctypes.c_char_p, [o.encode() for o in owners]),
                                     _array(ctypes.c_int, [int(o in offload) for o in owners]), len(owners),
                                     _array(ctypes.c_void_p, streams), len(streams)))
 
@@ -153,14 +146,14 @@ def wake(owners, device=0, lib=None):
     owners then still sleep."""
     owners = _names(owners)
     cdll = _bound(lib or library())
-    _check(cdll, cdll.custody_wake(_device(device), _array(ctypes.c_char_p, [o.encode() for o in owners]), len(owners)))
+    _check(cdll, cdll.custody_wake(_device(device, 0), _array(ctypes.c_char_p, [o.encode() for o in owners]), len(owners)))
 
 
 def stats(device=0, lib=None):
     """The sleepable memory of `device` as a dict (custody_sleep_stats; zeros before its first use)."""
     cdll = _bound(lib or library())
     out = _Stats()
-    _check(cdll, cdll.custody_sleep_stats_of(_device(device), ctypes.byref(out)))
+    _check(cdll, cdll.custody_sleep_stats_of(_device(device, 0), ctypes.byref(out)))
     return {name: getattr(out, name) for name, _ in _Stats._fields_}
 
 
@@ -168,7 +161,7 @@ def owner_stats(owner, device=0, lib=None):
     """One owner's blocks on `device`: blocks, bytes, mapped_bytes, offloaded_bytes, asleep, offload."""
     cdll = _bound(lib or library())
     out = _OwnerStats()
-    _check(cdll, cdll.custody_sleep_owner_stats_of(_device(device), check_text(owner, "owner name"), ctypes.byref(out)))
+    _check(cdll, cdll.custody_sleep_owner_stats_of(_device(device, 0), check_text(owner, "owner name"), ctypes.byref(out)))
     result = {name: getattr(out, name) for name, _ in _OwnerStats._fields_}
     result["asleep"] = bool(result["asleep"])
     result["offload"] = bool(result["offload"])
@@ -184,4 +177,4 @@ def release_host_memory(device=-1, lib=None):
     """Gives back the host memory kept for offloads (pinned on a GPU) that no sleeping owner holds,
     on `device` (-1: every device); returns the bytes given back. The memory is otherwise kept from
     one sleep to the next, as PyTorch keeps its pinned memory."""
-    return _bound(lib or library()).custody_sleep_release_host(_device(device, -1))
+    return _bound(lib or library()).custody_sleep_release_host(_device(device))

@@ -36,6 +36,7 @@ import contextlib
 import os
 
 from . import _torch_hooks
+from ._torch_hooks import device_index as _device_index
 from . import options as _options
 from . import memory_snapshot as _snapshots
 from . import stats as _stats
@@ -195,21 +196,13 @@ def mem_pool(backing="pool", *, use_on_oom=False, library_file=None):
         raise CustodyError("custody: mem_pool() needs PyTorch's own caching allocator, and custody.torch.enable() "
                            "made custody the whole process's allocator (every tensor already comes from custody)")
     path = library_file or library_path()
-    lib = library(path)
-    if lib.platform != "cuda":
-        raise CustodyError("custody: %s is the %s build of the allocator library; a MemPool needs the CUDA build"
-                           % (path, lib.platform))
-    if backing not in lib.mempool_backings:
-        raise CustodyError("custody: no MemPool backing %r (known: %s)" % (backing, ", ".join(lib.mempool_backings)))
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(
-        path, "custody_mempool_%s_alloc" % backing, "custody_mempool_%s_free" % backing)
-    pool = torch.cuda.MemPool(allocator.allocator(), use_on_oom=use_on_oom) if use_on_oom \
+    known = library(path).mempool_backings
+    if backing not in known:
+        raise CustodyError("custody: no MemPool backing %r (known: %s)" % (backing, ", ".join(known)))
+    allocator = _torch_hooks.pluggable_allocator(torch, path, "custody_mempool_%s_alloc" % backing,
+                                                 "custody_mempool_%s_free" % backing)
+    return torch.cuda.MemPool(allocator.allocator(), use_on_oom=use_on_oom) if use_on_oom \
         else torch.cuda.MemPool(allocator.allocator())
-    _pools.append(allocator)  # the functions PyTorch calls stay alive with the process
-    return pool
-
-
-_pools = []
 
 
 def mem_pool_stats(backing="pool", device=None):
@@ -218,18 +211,9 @@ def mem_pool_stats(backing="pool", device=None):
     import torch
 
     lib = library()
-    index = torch.cuda.current_device() if device is None else _device_index(torch, device)
+    index = _device_index(torch, device)
     raw = lib.mempool_stats(backing, index)
     return {key: _stats.PYTORCH_KEYS[key](raw) for key in sorted(_stats.PYTORCH_KEYS)}
-
-
-def _device_index(torch, device):
-    if device is None:
-        return torch.cuda.current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def memory_stats(device=None):

@@ -27,7 +27,9 @@ torch.cuda.empty_cache() first to give them back instead."""
 import contextlib
 
 from . import sleepable as _sleepable
-from ._library import library, library_path
+from ._torch_hooks import device_index as _device_index
+from ._torch_hooks import pluggable_allocator as _pluggable_allocator
+from ._library import library_path
 from .tracking import owner as _owner_scope
 
 __all__ = ["sleepable", "sleepable_pool", "sleep", "wake", "is_asleep", "sleep_stats", "release_host_memory",
@@ -41,27 +43,6 @@ OwnerAwakeError = _sleepable.OwnerAwakeError
 CaptureOpenError = _sleepable.CaptureOpenError
 
 _pools = {}
-_allocator = {}
-
-
-def _device_index(torch, device):
-    if device is None:
-        return torch.cuda.current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def _pluggable_allocator(torch):
-    """One CUDAPluggableAllocator over the library's sleepable memory, for every pool."""
-    if "it" not in _allocator:
-        path = library_path()
-        if library(path).platform != "cuda":
-            raise _sleepable.CustodyError("custody: %s is the %s build of the allocator library; a MemPool needs the "
-                                          "CUDA build" % (path, library(path).platform))
-        _allocator["it"] = torch.cuda.memory.CUDAPluggableAllocator(path, "custody_sleep_malloc", "custody_sleep_free")
-    return _allocator["it"]
 
 
 def sleepable_pool(owner, device=None):
@@ -71,7 +52,8 @@ def sleepable_pool(owner, device=None):
 
     key = (owner, _device_index(torch, device))
     if key not in _pools:
-        _pools[key] = torch.cuda.MemPool(_pluggable_allocator(torch).allocator())
+        _pools[key] = torch.cuda.MemPool(
+            _pluggable_allocator(torch, library_path(), "custody_sleep_malloc", "custody_sleep_free").allocator())
     return _pools[key]
 
 
