@@ -46,6 +46,11 @@ cat "$dir/merged.txt"
 if [ "$mode" = symbolized ]; then
   grep -q "$leak_frame" "$dir/merged.txt" || fail "the merged view lacks the leak's frame"
 fi
+# What custody-merge says about frames it could not name is a note, not an error.
+cat "$dir/merged.err"
+if grep -i 'frame' "$dir/merged.err" | grep -qv '^custody-merge: note: '; then
+  fail "custody-merge's word on unnamed frames does not read as a note"
+fi
 
 # Offline: reports written without libdw, symbolized by custody-merge.
 if [ -n "$plain" ] && [ "$mode" = symbolized ]; then

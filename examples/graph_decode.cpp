@@ -15,6 +15,7 @@
 #include <custody/resource/cuda_malloc.hpp>
 #endif
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <vector>

@@ -130,7 +130,7 @@ void run_rank(int rank, const std::string& dir, rank_output& out) {
         }
     }
     out.report = t.make_report();
-    write_json_report(out.report, dir + "/rank-" + std::to_string(rank) + ".json");
+    write_json_report(out.report, dir + "/" + report_file_name(out.report.rank));
     for (const block& b : kv_cache) t.deallocate(stream, b.ptr, b.bytes, 256);
     for (const block& b : weights) t.deallocate(stream, b.ptr, b.bytes, 256);
     host::platform::synchronize(stream);

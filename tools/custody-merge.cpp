@@ -33,39 +33,28 @@ constexpr const char* usage =
     "  live groups of each rank with their call stacks (or writes them to --table), writes a\n"
     "  Chrome/Perfetto trace to --trace (open it in ui.perfetto.dev).\n"
     "  --threshold X: owners whose max/mean over ranks exceeds X are marked (default 1.5).\n"
-    "  --stacks N: call stacks of the N largest live groups of each rank (default 3; 0: none).\n"
+    "  --stacks N: call stacks of the N largest live groups of each rank (default 3; 0: none);\n"
+    "  the groups left out are counted with their bytes.\n"
     "  --symbols DIR: where to find the programs and libraries named by unsymbolized frames\n"
     "  (by file name) when reports come from another machine; may be given more than once.\n";
 
-/// The `n` largest live groups of each rank that have a call stack, each with its frames.
-std::string format_stacks(const std::vector<custody::debug::rank_report>& reports, std::size_t n) {
-    std::string out;
-    for (const auto& r : reports) {
-        std::size_t shown = 0;
-        for (const auto& g : r.live.groups) { // largest first
-            if (shown == n) break;
-            if (g.stack.empty()) continue;
-            ++shown;
-            out += "rank " + std::to_string(r.rank.rank) + ": " + std::to_string(g.bytes) + " B in " +
-                   std::to_string(g.count) + " allocations from '" + g.owner + "'\n";
-            for (const auto& f : g.stack) out += "      at " + f + "\n";
-        }
-    }
-    return out.empty() ? out : "\nlargest live groups by call stack:\n" + out;
-}
-
-/// Symbolizes the reports' unsymbolized frames in place. Returns a note on the frames that stay
-/// unsymbolized and why ("" when none do).
+/// Symbolizes the reports' unsymbolized frames in place (and starts each stack at the
+/// application). Returns a note on the frames of the printed stacks (the `n` per rank) that still
+/// read MODULE+0xOFFSET, and why ("" when none do): information, not an error; the frames keep
+/// their module and offset, which addr2line takes.
 std::string symbolize_reports(std::vector<custody::debug::rank_report>& reports,
-                              const std::vector<std::string>& symbol_dirs) {
+                              const std::vector<std::string>& symbol_dirs, std::size_t n) {
     namespace detail = custody::debug::detail;
     detail::symbolizer symbols(symbol_dirs);
     std::size_t left = 0;
     std::set<std::string> not_found;
     std::set<std::string> no_symbols;
     for (auto& r : reports) {
+        std::size_t shown = 0;
         for (auto& g : r.live.groups) {
-            left += detail::symbolize_lines(symbols, g.stack);
+            const std::size_t unsymbolized = detail::symbolize_lines(symbols, g.stack);
+            if (!custody::debug::detail::stack_printed(g, n, shown)) continue;
+            left += unsymbolized;
             for (const auto& line : g.stack) {
                 const auto at = detail::is_unsymbolized(line) ? detail::frame_location(line) : std::nullopt;
                 if (!at) continue;
@@ -79,11 +68,11 @@ std::string symbolize_reports(std::vector<custody::debug::rank_report>& reports,
         for (const auto& m : modules) s += (s.empty() ? "" : ", ") + m;
         return s;
     };
-    std::string note = std::to_string(left) + " frames stay unsymbolized:";
-    if (!detail::symbolizer::available) return note + " custody-merge was built without libdw";
-    if (!no_symbols.empty()) note += " no symbol there in " + list(no_symbols) + ";";
-    if (!not_found.empty()) note += " not found here (see --symbols): " + list(not_found) + ";";
-    note.pop_back();
+    std::string note = "note: " + std::to_string(left) + (left == 1 ? " frame" : " frames") +
+                       " below show only their module and offset (addr2line -e MODULE OFFSET reads them)";
+    if (!detail::symbolizer::available) return note + ": this custody-merge was built without libdw";
+    if (!no_symbols.empty()) note += "; no debug information here for " + list(no_symbols);
+    if (!not_found.empty()) note += "; not on this machine (--symbols DIR finds them by file name): " + list(not_found);
     return note;
 }
 
@@ -152,9 +141,9 @@ int main(int argc, char** argv) {
         const custody::debug::cross_rank_view view = custody::debug::merge_reports(reports, files);
         std::string table = custody::debug::format_table(view, threshold);
         if (stacks > 0) {
-            const std::string note = symbolize_reports(reports, symbol_dirs);
+            const std::string note = symbolize_reports(reports, symbol_dirs, stacks);
             if (!note.empty()) std::fprintf(stderr, "custody-merge: %s\n", note.c_str());
-            table += format_stacks(reports, stacks);
+            table += custody::debug::format_stacks(reports, stacks);
         }
         if (table_path.empty()) {
             std::fputs(table.c_str(), stdout);

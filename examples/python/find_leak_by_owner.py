@@ -4,7 +4,7 @@ the rank whose cache keeps growing; each rank writes its report; custody-merge p
 by side, owner by owner.
 
 On GPUs (the CUDA build, with PyTorch):  torchrun --nproc-per-node 2 find_leak_by_owner.py REPORTS
-then:                                     custody-merge REPORTS/custody-rank*.json
+then:                                     custody-merge REPORTS/rank-*.json
 Without a GPU (the host build):           python find_leak_by_owner.py --ranks 2 REPORTS
 (launches the ranks as torchrun would, then merges)."""
 import argparse
@@ -64,7 +64,7 @@ def launch(ranks, report_dir):
     for rank in range(ranks):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks))
         subprocess.run([sys.executable, __file__, str(report_dir)], env=env, check=True)
-    reports = sorted(pathlib.Path(report_dir).glob("custody-rank*.json"))
+    reports = sorted(pathlib.Path(report_dir).glob("rank-*.json"))
     print(custody.merge.merge([str(r) for r in reports]).stdout)
 
 

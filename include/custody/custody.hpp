@@ -13,7 +13,8 @@
 ///   staging/     staging_ring
 ///   debug/       tracking_resource, owner_scope, reports, the cross-rank merge
 ///   sleep/       sleepable_memory: sleep and wake by owner, over a platform's virtual memory
-///   buffer/      buffer, scalar
+///   buffer/      buffer, scalar; host_buffer.hpp: host::device_buffer, host::pinned_buffer,
+///                host::device_scalar (the host platform's names for them)
 ///   interop/     pmr_adaptor, bind_device, device_lock, pluggable_allocator
 /// With the CUDA runtime's headers on the include path (detected with __has_include):
 ///   platform/cuda.hpp, platform/cuda_vmm.hpp (cuMemCreate/cuMemMap),
@@ -53,6 +54,7 @@
 #include <custody/sleep/sleepable_memory.hpp>
 
 #include <custody/buffer/buffer.hpp>
+#include <custody/buffer/host_buffer.hpp>
 
 #include <custody/interop/bind_device.hpp>
 #include <custody/interop/device_lock.hpp>

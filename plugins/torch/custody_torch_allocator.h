@@ -56,8 +56,8 @@ void custody_free(void* ptr, ssize_t size, int device, void* stream);
 
 /* Sets an option before the first allocation: "max_bytes" (a cap per device; 0: none beyond the
  * device, or CUSTODY_TORCH_MAX_BYTES when set), "device_headroom" (bytes of the device the pool
- * leaves free, CUDA build; default 1 GiB), "tracking" (1: every allocation goes through custody's
- * tracking resource, for owners, snapshots and per-rank reports) or "stacks" (1: with tracking,
+ * leaves free, CUDA build; default an eighth of the device, at most 1 GiB), "tracking" (1: every
+ * allocation goes through custody's tracking resource, for owners, snapshots and per-rank reports) or "stacks" (1: with tracking,
  * each allocation's call stack is kept, for leak reports and snapshots). Returns 0, or -1 (see
  * custody_last_error) for an unknown name or once a pool exists. */
 int custody_configure(const char* name, uint64_t value);

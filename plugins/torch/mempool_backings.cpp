@@ -60,7 +60,7 @@ pool_backing& pool_segments() {
 #if defined(CUSTODY_TORCH_CUDA)
         return std::make_unique<pool_type>(p, device);
 #else
-        return std::make_unique<pool_type>(p, device, host_capacity(p));
+        return std::make_unique<pool_type>(host_pool_options(p), device, host_capacity(p));
 #endif
     });
     return *the;

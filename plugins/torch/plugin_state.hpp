@@ -128,6 +128,13 @@ inline std::size_t host_capacity(const custody::pool::pool_options& p) noexcept 
     return p.maximum_size != SIZE_MAX ? p.maximum_size : std::size_t{8} << 30;
 }
 
+/// The pool options of the host build: its virtual device is as large as the cap, so the cap is
+/// all the pool may hold, with no headroom beside it unless one was configured.
+inline custody::pool::pool_options host_pool_options(custody::pool::pool_options p) {
+    if (options().headroom.load() == SIZE_MAX) p.device_headroom = 0;
+    return p;
+}
+
 /// The tracker's options under PyTorch: no guard bytes nor poison (device memory, written on the
 /// streams PyTorch owns), violations logged rather than thrown into PyTorch, rank from the
 /// launcher's environment (torchrun's RANK, LOCAL_RANK, WORLD_SIZE), stacks when configured, and
@@ -163,7 +170,9 @@ std::unique_ptr<Resource> make_resource(int device) {
     const auto leaf = [&](auto&&... head) { return std::make_unique<Resource>(head..., p, device); };
     const auto journaled = [&](auto&&... head) { return std::make_unique<Resource>(head..., device); };
 #else
-    const auto leaf = [&](auto&&... head) { return std::make_unique<Resource>(head..., p, device, host_capacity(p)); };
+    const auto leaf = [&](auto&&... head) {
+        return std::make_unique<Resource>(head..., host_pool_options(p), device, host_capacity(p));
+    };
     const auto journaled = [&](auto&&... head) { return std::make_unique<Resource>(head..., device, host_capacity(p)); };
 #endif
     if constexpr (std::is_same_v<Resource, tracked_resource>) {

@@ -1,6 +1,7 @@
 """custody-merge from Python: merges per-rank tracking reports into a cross-rank table and a
 Perfetto trace (`python -m custody.merge --help`, or the `custody-merge` command the package
-installs). Runs the custody-merge program installed with the package, else the one on PATH."""
+installs). Runs the custody-merge program installed with the package (beside the interpreter,
+in a venv activated or not), else the one on PATH."""
 
 import os
 import pathlib
@@ -14,21 +15,32 @@ from ._library import CustodyError
 __all__ = ["merge_program", "merge", "main"]
 
 
+def _installed_beside_interpreter():
+    """custody-merge where pip installed it with this package: the scripts directory of the
+    running interpreter's environment (a venv's bin/, beside sys.executable), found whether or not
+    that environment is activated (PATH is not asked)."""
+    for directory in (pathlib.Path(sys.executable).parent, pathlib.Path(sysconfig.get_path("scripts"))):
+        candidate = directory / "custody-merge"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
 def merge_program():
-    """The path of the custody-merge program ($CUSTODY_MERGE, the package's, the one installed beside
-    this interpreter, then PATH's)."""
+    """The path of the custody-merge program: $CUSTODY_MERGE, the package's, the one installed
+    beside the running interpreter (a venv's bin/, activated or not), then PATH's."""
     explicit = os.environ.get("CUSTODY_MERGE")
     if explicit:
         return explicit
     bundled = pathlib.Path(__file__).resolve().parent / "custody-merge"
     if bundled.exists():
         return str(bundled)
-    # Where pip installed it beside this interpreter (a virtual environment used without activating it).
-    installed = pathlib.Path(sysconfig.get_path("scripts")) / "custody-merge"
-    for found in (str(installed) if installed.exists() else None, shutil.which("custody-merge")):
+    # Never this program itself (a custody-merge that runs custody.merge.main).
+    for found in (_installed_beside_interpreter(), shutil.which("custody-merge")):
         if found and pathlib.Path(found).resolve() != pathlib.Path(sys.argv[0]).resolve():
             return found
-    raise CustodyError("custody: custody-merge not found (not in the package, not on PATH); set CUSTODY_MERGE")
+    raise CustodyError("custody: custody-merge not found (not in the package, not beside %s, not on PATH); "
+                       "set CUSTODY_MERGE" % sys.executable)
 
 
 def merge(arguments, check=True):

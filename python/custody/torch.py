@@ -70,7 +70,8 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
     TooLateError then.
 
     max_bytes: each device's cap (bytes, or a size like "20GiB"); device_headroom: bytes of each
-    device left free for what custody does not own (NCCL, cuBLAS workspaces; default 1 GiB);
+    device left free for what custody does not own (NCCL, cuBLAS workspaces; default an eighth of
+    the device, at most 1 GiB);
     tracking (default False): every allocation through custody's tracking resource, for
     owner(), snapshot(), LeakWatch, write_report() and PyTorch-format memory snapshots;
     claim_device (default True): claim this rank's GPU so that a second rank on it fails at once,

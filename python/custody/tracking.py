@@ -80,11 +80,14 @@ def diff(before, after):
 
 
 class LeakWatch:
-    """Alarms when an owner keeps growing. check() takes a snapshot and raises an alarm for each
-    owner whose live bytes are above `threshold_bytes` (when given), or grew at each of the last
-    `growth_checks` checks (when given). An alarm is a dict (owner, live_bytes, history, reason),
-    passed to `callback` when given, else logged as a warning on the "custody" logger. Only the
-    names in `owners` are watched when given. Not thread-safe: check from one thread."""
+    """Alarms when an owner's live bytes pass a threshold or keep growing, with the meaning a C++
+    watch (custody::debug::watch) has. check() takes a snapshot; an owner raises an alarm when its
+    live bytes rise above `threshold_bytes` (once per crossing: the alarm re-arms when the owner is
+    back at or below it), or when they grew at each of the last `growth_checks` checks (once per
+    run of growth: it re-arms after a check without growth). An alarm is a dict (owner,
+    live_bytes, history, reason), passed to `callback` when given, else logged as a warning on the
+    "custody" logger. Only the names in `owners` are watched when given. Not thread-safe: check
+    from one thread."""
 
     def __init__(self, threshold_bytes=None, growth_checks=None, owners=None, callback=None, device=-1, lib=None):
         if threshold_bytes is None and growth_checks is None:
@@ -98,6 +101,21 @@ class LeakWatch:
         self.device = device
         self._lib = lib
         self._history = {}
+        self._above = set()   # owners above the threshold at the last check (disarmed)
+        self._growths = {}    # owner -> consecutive checks with growth
+
+    def _reason(self, name, history):
+        """Why `name` raises an alarm now (None: it does not), and the state for the next check."""
+        above = self.threshold_bytes is not None and history[-1] > self.threshold_bytes
+        crossed = above and name not in self._above
+        (self._above.add if above else self._above.discard)(name)
+        grew = len(history) > 1 and history[-1] > history[-2]
+        self._growths[name] = self._growths.get(name, 0) + 1 if grew else 0
+        if crossed:
+            return "above %d bytes" % self.threshold_bytes
+        if self.growth_checks is not None and self._growths[name] == self.growth_checks:
+            return "grew at each of the last %d checks" % self.growth_checks
+        return None
 
     def check(self):
         """Takes a snapshot; returns the alarms it raised (each also called back or logged)."""
@@ -108,14 +126,8 @@ class LeakWatch:
                 continue
             history = self._history.setdefault(name, [])
             history.append(now.live_bytes(name))
-            keep = (self.growth_checks or 0) + 1
-            del history[:-keep]
-            reason = None
-            if self.threshold_bytes is not None and history[-1] > self.threshold_bytes:
-                reason = "above %d bytes" % self.threshold_bytes
-            elif (self.growth_checks is not None and len(history) == keep
-                  and all(b > a for a, b in zip(history, history[1:]))):
-                reason = "grew at each of the last %d checks" % self.growth_checks
+            del history[:-((self.growth_checks or 0) + 1)]
+            reason = self._reason(name, history)
             if reason:
                 alarm = {"owner": name, "live_bytes": history[-1], "history": list(history), "reason": reason}
                 alarms.append(alarm)
@@ -127,11 +139,12 @@ class LeakWatch:
 
 
 def report_path(directory=None, rank=None):
-    """Where this rank's report goes: DIRECTORY/custody-rank<RANK>.json (directory by default
+    """Where this rank's report goes: DIRECTORY/rank-<RANK>.json, the name C++ reports have
+    (custody::debug::report_file_name), so one glob finds both (directory by default
     $CUSTODY_REPORT_DIR, else the working directory)."""
     directory = pathlib.Path(directory or os.environ.get("CUSTODY_REPORT_DIR") or ".")
     rank = rank_info()[0] if rank is None else rank
-    return directory / ("custody-rank%d.json" % rank)
+    return directory / ("rank-%d.json" % rank)
 
 
 def write_report(directory=None, device=-1, lib=None):

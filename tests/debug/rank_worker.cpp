@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
         }
         static_cast<void>(t.snapshot());
     }
-    const std::string path = std::string(argv[1]) + "/rank-" + std::to_string(rank.rank) + ".json";
+    const std::string path = std::string(argv[1]) + "/" + report_file_name(rank);
     write_json_report(t.make_report(), path);
     for (auto [p, n] : cache) t.deallocate(stream, p, n, 256);
     host::platform::synchronize(stream);

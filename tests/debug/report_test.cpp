@@ -20,7 +20,6 @@
 #include <optional>
 #include <string_view>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -30,10 +29,6 @@ using namespace custody;
 using namespace custody::debug;
 namespace json = custody::debug::detail::json;
 
-#ifndef CUSTODY_SCHEMA_PATH
-#error "the build defines CUSTODY_SCHEMA_PATH (docs/debug-report-schema.json)"
-#endif
-
 namespace {
 
 rank_info from(const std::map<std::string, std::string>& env) {
@@ -42,13 +37,6 @@ rank_info from(const std::map<std::string, std::string>& env) {
         if (it == env.end()) return std::nullopt;
         return it->second;
     });
-}
-
-std::string slurp(const std::string& path) {
-    std::ifstream in(path);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
 }
 
 /// Checks that the JSON reader refuses `text`, as truncated or not.
@@ -104,6 +92,11 @@ TEST_CASE("detect_rank reads the launcher's variables, and outside a job is rank
     CHECK_THROWS_AS(make_rank(0, 0, 0), custody::rank_error);
 }
 
+TEST_CASE("a rank's report file is rank-<R>.json, as Python and the trace recorder name theirs", "[debug][json]") {
+    CHECK(report_file_name(make_rank(3, 1, 8)) == "rank-3.json");
+    CHECK(report_file_name(make_rank(0, 0, 1)) == "rank-0.json");
+}
+
 TEST_CASE("the JSON reader handles the grammar and reports truncation apart", "[debug][json]") {
     const json::value v = json::parse(R"( {"a": [1, -2.5e2, true, false, null], "s": "q\"\\\n\u00e9\ud83d\ude00", "o": {}} )");
     REQUIRE(v.is_object());
@@ -129,7 +122,7 @@ TEST_CASE("the JSON reader handles the grammar and reports truncation apart", "[
 }
 
 TEST_CASE("a rank report is valid against docs/debug-report-schema.json", "[debug][json][schema]") {
-    const json::value schema = json::parse(slurp(CUSTODY_SCHEMA_PATH));
+    const json::value schema = test::report_schema();
     test::schema_checker checker(schema);
     const rank_report r = sample_report(1, 2, 3);
     const std::string text = to_json(r);
@@ -454,7 +447,7 @@ TEST_CASE("names with invalid UTF-8 still make a valid report, with U+FFFD in th
     const scratch_file file("bad-names.json", text);
     CHECK(std::system(("python3 -m json.tool " + file.path + " > /dev/null").c_str()) == 0);
 
-    const json::value schema = json::parse(slurp(CUSTODY_SCHEMA_PATH));
+    const json::value schema = test::report_schema();
     test::schema_checker checker(schema);
     const auto errors = checker.check(json::parse(text));
     for (const auto& e : errors) UNSCOPED_INFO(e);

@@ -1,16 +1,31 @@
 // A small JSON Schema checker for the tests: the keywords docs/debug-report-schema.json uses
 // (type, const, enum, minimum, required, properties, additionalProperties, items, $ref to
 // #/$defs/...). Returns the list of violations, each with its JSON path. "integer" means what the
-// reader holds as one: written without fraction or exponent, within int64 or uint64.
+// reader holds as one: written without fraction or exponent, within int64 or uint64. And the
+// schema itself, report_schema(), from the path the build gives (CUSTODY_SCHEMA_PATH).
 #pragma once
 
 #include <custody/debug/detail/json.hpp>
 
 #include <cstdint>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#ifndef CUSTODY_SCHEMA_PATH
+#error "the build defines CUSTODY_SCHEMA_PATH (docs/debug-report-schema.json)"
+#endif
+
 namespace custody::test {
+
+/// docs/debug-report-schema.json, parsed.
+inline custody::debug::detail::json::value report_schema() {
+    std::ifstream in(CUSTODY_SCHEMA_PATH);
+    std::ostringstream text;
+    text << in.rdbuf();
+    return custody::debug::detail::json::parse(text.str());
+}
 
 class schema_checker {
 public:

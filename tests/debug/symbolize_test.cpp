@@ -2,7 +2,9 @@
 // when built with libdw, symbolization to function, file and line in the process and offline from
 // module and offset.
 #include <custody/debug/detail/call_stack.hpp>
+#include <custody/debug/merge.hpp>
 #include <custody/debug/tracking_resource.hpp>
+#include <custody/interop/pmr.hpp>
 #include <custody/resource/host_memory.hpp>
 
 #include "../support/catch.hpp"
@@ -10,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory_resource>
 #include <string>
 #include <vector>
 
@@ -36,6 +39,14 @@ constexpr unsigned allocate_line = __LINE__ + 2;
     return p;
 }
 
+using pmr_tracker = tracking_resource<resource::host_memory>;
+constexpr unsigned grow_line = __LINE__ + 3;
+[[gnu::noinline]] void grow_here(std::pmr::vector<double>& v) {
+    asm volatile("" ::: "memory");
+    v.push_back(1.0); // through polymorphic_allocator, allocator_traits and vector's growth
+    asm volatile("" ::: "memory");
+}
+
 } // namespace custody_test_symbolize
 
 namespace {
@@ -44,6 +55,25 @@ using custody_test_symbolize::allocate_here;
 using custody_test_symbolize::capture_here;
 
 std::string this_file() { return std::filesystem::path(__FILE__).filename().string(); }
+
+/// A quiet tracker's options that capture call stacks.
+tracking_options with_stacks(std::string name) {
+    tracking_options o;
+    o.name = std::move(name);
+    o.rank = make_rank(0, 0, 1);
+    o.on_leak = policy::ignore;
+    o.capture_stacks = true;
+    return o;
+}
+
+/// The first frame of the only live group of `t`.
+template <class Tracker>
+std::string first_frame(const Tracker& t) {
+    const leak_report r = t.leaks();
+    REQUIRE(r.groups.size() == 1);
+    REQUIRE_FALSE(r.groups[0].stack.empty());
+    return r.groups[0].stack.front();
+}
 
 } // namespace
 
@@ -83,20 +113,97 @@ TEST_CASE("frame text from an untrusted report gives a location or nothing", "[d
     CHECK_FALSE(is_unsymbolized("unsymbolizedX [a+0x1]"));
 }
 
-TEST_CASE("function names lose their parameters, and long ones their template arguments", "[debug][stack]") {
+TEST_CASE("function names lose their parameters, return types and template arguments, always",
+          "[debug][stack]") {
     CHECK(short_function_name("inference::remember_kv_page(int, std::vector<int>&)") == "inference::remember_kv_page");
     CHECK(short_function_name("ns::type::operator()(int) const") == "ns::type::operator()");
+    CHECK(short_function_name("ns::type::operator()") == "ns::type::operator()"); // DWARF's name: no parameters
     CHECK(short_function_name("main") == "main");
     const std::string long_name = "custody::debug::tracking_resource<custody::host::simulated_device_memory, "
                                   "custody::host::platform>::allocate(custody::host::stream_view, unsigned long)";
     CHECK(short_function_name(long_name) == "custody::debug::tracking_resource<...>::allocate");
+    // Short ones too: one function reads the same in every frame, whatever its arguments.
+    CHECK(short_function_name("decode_step<float>(int)") == "decode_step<...>");
+    CHECK(short_function_name("std::vector<int, std::allocator<int> >::push_back(int const&)") ==
+          "std::vector<...>::push_back");
+    // A template function's demangled name starts with its return type.
+    CHECK(short_function_name("void std::vector<int, std::allocator<int> >::_M_realloc_insert<int>("
+                              "__gnu_cxx::__normal_iterator<int*, std::vector<int, std::allocator<int> > >, int&&)") ==
+          "std::vector<...>::_M_realloc_insert<...>");
+    CHECK(short_function_name("std::pair<int, int> app::make<int>(int) &&") == "app::make<...>");
+    CHECK(short_function_name("unsigned long app::count(char const*)") == "app::count");
+    // Operators keep their symbols; scopes in parentheses and lambdas keep their spaces.
+    CHECK(short_function_name("std::ostream& app::operator<<(std::ostream&, app::x const&)") == "app::operator<<");
+    CHECK(short_function_name("bool app::operator< <int>(app::v<int> const&, app::v<int> const&)") ==
+          "app::operator< <...>");
+    CHECK(short_function_name("operator new(unsigned long)") == "operator new");
+    CHECK(short_function_name("app::x::operator bool() const") == "app::x::operator bool");
+    CHECK(short_function_name("(anonymous namespace)::run_rank(int, std::string const&)") ==
+          "(anonymous namespace)::run_rank");
+    CHECK(short_function_name("app::f()::{lambda(int, int)#1}::operator()(int, int) const") ==
+          "app::f()::{lambda(int, int)#1}::operator()");
 }
 
-TEST_CASE("a stack of custody's own frames only is kept whole", "[debug][stack]") {
+TEST_CASE("a frame's function is read back from its text", "[debug][stack]") {
+    CHECK(frame_function("/src/a b.cpp:42 in ns::f<...> [/bin/app+0x10]") == "ns::f<...>");
+    CHECK(frame_function("ns::g [/bin/app+0x10]") == "ns::g");
+    CHECK(frame_function("unsymbolized ns::h+0x2a [/bin/app+0x10]") == "ns::h");
+    CHECK(frame_function("unsymbolized [/bin/app+0x10]").empty());
+    CHECK(frame_function("? [/bin/app+0x10]").empty());
+    CHECK(frame_function("no location at all").empty());
+    CHECK(with_short_function("/usr/include/c++/12/bits/vector.tcc:123 in void std::vector<int, std::allocator<int> "
+                              ">::_M_realloc_insert<int>(int&&) [/bin/app+0x10]") ==
+          "/usr/include/c++/12/bits/vector.tcc:123 in std::vector<...>::_M_realloc_insert<...> [/bin/app+0x10]");
+}
+
+TEST_CASE("a stack starts at the application: custody's and the standard library's frames above it go",
+          "[debug][stack]") {
     const std::vector<named_frame> own{{"custody::a", "a"}, {"custody::b", "b"}};
     CHECK(application_first(own) == std::vector<std::string>{"a", "b"});
     const std::vector<named_frame> mixed{{"custody::a", "a"}, {"app::f", "f"}, {"custody::b", "b"}};
     CHECK(application_first(mixed) == std::vector<std::string>{"f", "b"});
+    // A leak through std::vector: the allocator's and vector's frames sit between custody's and
+    // the application's; the runtime's frames below the application stay.
+    const std::vector<named_frame> vector_growth{
+        {"custody::debug::tracking_resource<...>::allocate", "t [/bin/app+0x1]"},
+        {"std::construct_at<...>", "/usr/include/c++/12/bits/stl_construct.h:97 in std::construct_at<...> [/bin/app+0x2]"},
+        {"std::allocator_traits<...>::allocate", "/usr/include/c++/12/bits/alloc_traits.h:482 in x [/bin/app+0x3]"},
+        {"std::vector<...>::_M_realloc_insert<...>", "/usr/include/c++/12/bits/vector.tcc:440 in y [/bin/app+0x4]"},
+        {"engine::cache_page", "engine.cpp:12 in engine::cache_page [/bin/app+0x5]"},
+        {"std::thread::_State_impl<...>::_M_run", "z [/bin/app+0x6]"},
+        {{}, "unsymbolized [/usr/lib/x86_64-linux-gnu/libstdc++.so.6+0xd44a3]"}};
+    CHECK(application_first(vector_growth) ==
+          std::vector<std::string>{"engine.cpp:12 in engine::cache_page [/bin/app+0x5]", "z [/bin/app+0x6]",
+                                   "unsymbolized [/usr/lib/x86_64-linux-gnu/libstdc++.so.6+0xd44a3]"});
+    // Lines read from a report (no function known apart from the text), and a runtime frame known
+    // only by its module.
+    const std::vector<named_frame> from_report{
+        {{}, "unsymbolized [/usr/lib/x86_64-linux-gnu/libstdc++.so.6+0x9a1b2]"},
+        {{}, "/usr/include/c++/12/bits/new_allocator.h:137 in std::__new_allocator<...>::allocate [/bin/app+0x7]"},
+        {{}, "unsymbolized operator new+0x1c [/bin/app+0x8]"},
+        {{}, "app.cpp:9 in app::load [/bin/app+0x9]"}};
+    CHECK(application_first(from_report) == std::vector<std::string>{"app.cpp:9 in app::load [/bin/app+0x9]"});
+}
+
+TEST_CASE("the merged stacks account for every group they leave out", "[debug][stack][merge]") {
+    rank_report r;
+    r.rank = make_rank(1, 1, 2);
+    r.live.groups = {leak_group{"kv", {"a.cpp:1 in f [/x+0x1]"}, 1000, 10, 1, {0}},
+                     leak_group{"act", {"a.cpp:2 in g [/x+0x2]"}, 300, 3, 2, {0}},
+                     leak_group{"w", {}, 200, 1, 3, {0}},
+                     leak_group{"out", {"a.cpp:3 in h [/x+0x3]"}, 100, 1, 4, {0}}};
+    rank_report quiet; // a rank without stacks: its groups are counted, none printed
+    quiet.rank = make_rank(0, 0, 2);
+    quiet.live.groups = {leak_group{"kv", {}, 50, 1, 1, {0}}};
+
+    const std::string one = format_stacks({quiet, r}, 1);
+    INFO(one);
+    CHECK(one.find("rank 1: 1000 B in 10 allocations from 'kv'") != std::string::npos);
+    CHECK(one.find("rank 1: and 3 more groups (600 B)\n") != std::string::npos);
+    CHECK(one.find("rank 0: 1 group (50 B) without a call stack\n") != std::string::npos);
+    const std::string all = format_stacks({r}, 5); // every group with a stack shown: the rest have none
+    CHECK(all.find("rank 1: and 1 more group (200 B) without a call stack") != std::string::npos);
+    CHECK(format_stacks({quiet}, 3).empty());
 }
 
 TEST_CASE("module paths from a report: only regular files are opened", "[debug][stack]") {
@@ -127,24 +234,31 @@ TEST_CASE("a captured stack reads function, file and line, or says it is unsymbo
 }
 
 TEST_CASE("a leak report starts at the application's call, with its file and line", "[debug][stack][leak]") {
-    tracking_options o;
-    o.name = "stacks";
-    o.rank = make_rank(0, 0, 1);
-    o.on_leak = policy::ignore;
-    o.capture_stacks = true;
-    custody_test_symbolize::tracker t(o);
+    custody_test_symbolize::tracker t(with_stacks("stacks"));
     void* p = allocate_here(t);
-    const leak_report r = t.leaks();
-    REQUIRE(r.groups.size() == 1);
-    REQUIRE_FALSE(r.groups[0].stack.empty());
-    const std::string& first = r.groups[0].stack.front();
+    const std::string first = first_frame(t);
     INFO(first);
     if constexpr (symbolizer::available) {
         CHECK_THAT(first, custody_test::contains(this_file() + ":" + std::to_string(custody_test_symbolize::allocate_line) +
                                                  " in custody_test_symbolize::allocate_here ["));
+        const leak_report r = t.leaks();
         for (const auto& line : r.groups[0].stack) CHECK(line.find(" in custody::") == std::string::npos);
     }
     t.deallocate({}, p, 64, 16);
+}
+
+TEST_CASE("a leak through std::vector starts at the application's line, not in the standard library",
+          "[debug][stack][leak]") {
+    custody_test_symbolize::pmr_tracker t(with_stacks("vector"));
+    interop::pmr_adaptor adaptor(t);
+    std::pmr::vector<double> v(&adaptor);
+    custody_test_symbolize::grow_here(v);
+    const std::string first = first_frame(t);
+    INFO(first);
+    if constexpr (symbolizer::available) {
+        CHECK_THAT(first, custody_test::contains(this_file() + ":" + std::to_string(custody_test_symbolize::grow_line) +
+                                                 " in custody_test_symbolize::grow_here ["));
+    }
 }
 
 TEST_CASE("offline: unsymbolized lines are symbolized from module and offset", "[debug][stack]") {

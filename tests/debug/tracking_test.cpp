@@ -602,6 +602,8 @@ TEST_CASE("watches fire on a threshold and on growth across consecutive snapshot
     REQUIRE(events.size() == 1);
     CHECK(events[0].watch_id == id);
     CHECK(events[0].subject == "owner 'decode/kv'");
+    CHECK(events[0].owner == "decode/kv");
+    CHECK(events[0].device == -1);
     CHECK(events[0].live_bytes == 1200);
     CHECK(events[0].rank == 1);
     CHECK_FALSE(events[0].growth);
@@ -628,6 +630,8 @@ TEST_CASE("watches fire on a threshold and on growth across consecutive snapshot
     CHECK(events[2].growth);
     CHECK(events[2].consecutive_growths == 3);
     CHECK(events[2].subject == "device 0");
+    CHECK(events[2].owner.empty());
+    CHECK(events[2].device == 0);
     static_cast<void>(t.snapshot()); // no growth: streak resets, nothing fires
     CHECK(events.size() == 3);
     CHECK(t.remove_watch(id));

@@ -13,6 +13,7 @@
 #include <custody/debug/json_report.hpp>
 #include <custody/debug/merge.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>

@@ -11,6 +11,7 @@
 #include "../support/catch.hpp"
 
 #include <numeric>
+#include <vector>
 
 using custody::host::platform;
 template <class T>

@@ -8,6 +8,7 @@
 #include "../support/catch.hpp"
 #include "support.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <new>
@@ -427,6 +428,66 @@ TEST_CASE("the device budget keeps headroom, from a capacity or a memory query",
         CHECK(pool.statistics().reserved_bytes == 8 * MiB);
         pool.deallocate_sync(p, 3 * MiB, 256);
         pool.deallocate_sync(q, 4 * MiB, 256);
+    }
+}
+
+namespace {
+
+/// What out_of_memory says when `pool` cannot serve `bytes` synchronously ("" when it can).
+template <class Pool>
+std::string refusal_of(Pool& pool, std::size_t bytes) {
+    try {
+        void* p = pool.allocate_sync(bytes, 256);
+        pool.deallocate_sync(p, bytes, 256);
+    } catch (const custody::out_of_memory& e) {
+        return e.what();
+    }
+    return {};
+}
+
+} // namespace
+
+TEST_CASE("the device budget is said: capacity once, from the upstream, and the error names its parts",
+          "[pool][limits]") {
+    // The default headroom: an eighth of the device, at most 1 GiB.
+    CHECK(detail::headroom_on(custody::pool::automatic_headroom, 2048 * MiB) == 256 * MiB);
+    CHECK(detail::headroom_on(custody::pool::automatic_headroom, 80 * 1024 * MiB) == 1024 * MiB);
+    CHECK(detail::headroom_on(3 * MiB, 80 * 1024 * MiB) == 3 * MiB);
+    {
+        // The capacity is said once, to the device's memory; the pool asks it there.
+        stream_ordered_pool<simulated_device_memory> pool(pool_options{}, 0, 64 * MiB);
+        void* a = pool.allocate_sync(48 * MiB, 256);
+        void* b = pool.allocate_sync(8 * MiB, 256); // 56 MiB: the budget, 64 - 64/8
+        const std::string what = refusal_of(pool, 4 * MiB); // the device would still have 8 MiB
+        INFO(what);
+        CHECK(what.find("device budget 58720256 B (56 MiB) = capacity 67108864 B (64 MiB) - headroom 8388608 B "
+                        "(8 MiB) (device_headroom's default: an eighth of the device, at most 1 GiB), the pool holds "
+                        "58720256 B (56 MiB): the request does not fit in it") != std::string::npos);
+        CHECK(pool.statistics().reserved_bytes == 56 * MiB);
+        pool.deallocate_sync(a, 48 * MiB, 256);
+        pool.deallocate_sync(b, 8 * MiB, 256);
+    }
+    {
+        pool_options o;
+        o.device_headroom = 4 * MiB; // set: named as the option
+        o.device_capacity = 32 * MiB; // said here: wins over the upstream's
+        stream_ordered_pool<simulated_device_memory> pool(o, 0, 64 * MiB);
+        const std::string what = refusal_of(pool, 30 * MiB);
+        INFO(what);
+        CHECK(what.find("device budget 29360128 B (28 MiB) = capacity 33554432 B (32 MiB) - headroom 4194304 B "
+                        "(4 MiB) (pool_options::device_headroom)") != std::string::npos);
+    }
+    {
+        // Asked of the device at each growth: the error says what the device had free.
+        pool_options o;
+        o.memory_info = [](int) -> std::optional<custody::device_memory> {
+            return custody::device_memory{10 * MiB, 16 * MiB};
+        };
+        stream_ordered_pool<host_memory> pool(o);
+        const std::string what = refusal_of(pool, 9 * MiB);
+        INFO(what);
+        CHECK(what.find("device budget 8388608 B (8 MiB) = free on the device 10485760 B (10 MiB) (of 16777216 B "
+                        "(16 MiB)) - headroom 2097152 B (2 MiB)") != std::string::npos);
     }
 }
 

@@ -18,7 +18,7 @@ def test_write_report_never_writes_through_a_planted_link(tmp_path, link):
     victim.write_text("someone else's file\n")
     reports = tmp_path / "reports"
     reports.mkdir()
-    target = reports / "custody-rank0.json"
+    target = reports / "rank-0.json"
     (os.symlink if link == "symbolic" else os.link)(victim, target)
     done = run_python("""
         import sys, custody

@@ -74,6 +74,19 @@ def test_leak_watch_alarms_on_threshold_and_on_steady_growth_only():
         with custody.owner("cache"):
             blocks.append(lib.alloc(1 << 20, 0))
         assert [a["owner"] for a in limit.check()] == ["cache"]
+        # The meaning of a C++ watch: once per crossing, re-armed at or below the threshold; a
+        # growth alarm once per run of growth.
+        assert limit.check() == []                   # still above: no second alarm
+        assert growth.check() == []                  # a third growth in a row: the run already raised one
+        lib.free(blocks.pop(), 1 << 20, 0)           # back to 3 MiB: re-armed
+        assert limit.check() == [] and growth.check() == []
+        with custody.owner("cache"):
+            blocks.append(lib.alloc(1 << 20, 0))
+        assert [a["reason"] for a in limit.check()] == ["above %d bytes" % (3 << 20)]
+        assert growth.check() == []                  # grew once since the run ended
+        with custody.owner("cache"):
+            blocks.append(lib.alloc(1 << 20, 0))
+        assert [a["owner"] for a in growth.check()] == ["cache"]
         assert all(a["owner"] != "steady" for a in alarms)
         records = []
         handler = logging.Handler(); handler.emit = records.append
@@ -103,7 +116,7 @@ def test_the_worked_example_finds_the_leaking_rank_and_owner(tmp_path):
     table = [line.split() for line in done.stdout.splitlines()]
     kv = next(row for row in table if row and row[0] == "decode/kv_cache")
     assert int(kv[2]) == 4 * int(kv[1]) == 8 * (256 << 10), kv   # rank 1 kept every page, rank 0 two
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["custody-rank0.json", "custody-rank1.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-0.json", "rank-1.json"]
 
 
 def test_the_docs_show_the_example_the_tests_run():
@@ -116,5 +129,5 @@ def test_merge_entry_point_runs_custody_merge(tmp_path):
     done = run_python("""
         import sys, custody.merge
         sys.exit(custody.merge.main(sys.argv[1:]))
-    """, args=[tmp_path / "custody-rank0.json"])
+    """, args=[tmp_path / "rank-0.json"])
     assert "decode/kv_cache" in done.stdout

@@ -1,5 +1,6 @@
 // staging/staging_ring.hpp on the host platform: placement, in-order reclamation, back-pressure,
 // timeouts, downloads, several producers, streams and devices, destruction, and every bad input.
+#include <custody/buffer/buffer.hpp>
 #include <custody/resource/fault_injecting.hpp>
 #include <custody/resource/host_memory.hpp>
 #include <custody/staging/staging_ring.hpp>
@@ -13,8 +14,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <span>
@@ -281,6 +284,32 @@ TEST_CASE("copy_to_device streams transfers of any size through the ring, intact
     const auto st = r.statistics();
     CHECK(st.bytes_in_use == 0);
     CHECK(st.bytes_uploaded == st.bytes_downloaded);
+}
+
+TEST_CASE("a commit into a buffer of another stream waits for the buffer's stream first", "[staging][buffer]") {
+    ring r(opts(4096));
+    custody::resource::host_memory memory;
+    custody::host::stream compute;
+    custody::host::stream copy;
+    custody::buffer<int, platform, custody::host_accessible> weights(64, compute.view(), memory);
+    // Work enqueued earlier on the buffer's stream still writes its memory (a pool's block given
+    // back there and handed out again is exactly this), held until the gate opens.
+    gate held(compute.view());
+    compute.view().enqueue([&] { std::fill(weights.data(), weights.data() + weights.size(), -1); });
+    auto res = r.reserve<int>(64);
+    std::iota(res.span().begin(), res.span().end(), 0);
+    r.commit(std::move(res), weights, copy.view());
+    custody::host::event copied;
+    copied.record(copy.view());
+    // Unordered, the copy would run now and the compute stream's write would land after it.
+    for (int i = 0; i < 200 && !copied.ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK_FALSE(copied.ready());
+    held.open();
+    platform::synchronize(copy.view());
+    platform::synchronize(compute.view());
+    std::vector<int> expected(64);
+    std::iota(expected.begin(), expected.end(), 0);
+    CHECK(std::vector<int>(weights.data(), weights.data() + weights.size()) == expected);
 }
 
 TEST_CASE("reserve and commit of random sizes keep every byte, with the source reused at once", "[staging]") {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <custody/core/concepts.hpp>
+#include <custody/core/owner.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/core/resource_ref.hpp>
 #include <custody/platform/platform.hpp>
@@ -27,9 +28,15 @@ namespace custody {
 /// also indexable on the host).
 ///
 /// Remembers: the device (the resource's, or the current device at construction for a resource
-/// bound to none), the stream it is ordered on, and the resource (by non-owning reference: the
-/// resource must outlive the buffer). Destruction and reset() give the memory back on that stream
+/// bound to none), the stream it is ordered on, the resource (by non-owning reference: the
+/// resource must outlive the buffer), and its owner (the one given, else the thread's owner scope
+/// at construction, else untagged). Destruction and reset() give the memory back on that stream
 /// with that device current, and restore the caller's device.
+/// Owner: every allocation the buffer makes (construction, resize) runs with its owner current
+/// (an owner_binding), so a tracking resource charges a KV cache made under "kv_cache" to
+/// "kv_cache" wherever it grows: inside another owner's scope or outside every scope. A resource
+/// that does not track owners never looks; the owner costs one pointer in the buffer and one
+/// thread-local read per allocation.
 /// Stream semantics: the storage may be used by work enqueued on stream() after construction;
 /// set_stream() moves the buffer to another stream, which the caller must have ordered after the
 /// old one (for example with an event).
@@ -48,12 +55,20 @@ public:
     /// An empty buffer bound to nothing.
     buffer() noexcept = default;
 
-    /// Storage for `count` objects from `resource`, ordered on `stream`. Throws std::length_error if
+    /// Storage for `count` objects from `resource`, ordered on `stream`, owned by the thread's
+    /// current owner (its owner_scope; untagged outside every scope). Throws std::length_error if
     /// count * sizeof(T) overflows, std::invalid_argument / out_of_memory as the resource does.
     template <stream_ordered_resource R>
         requires std::same_as<typename R::stream_type, stream_view> && has_property<R, Access>
     buffer(std::size_t count, stream_view stream, R& resource)
-        : buffer(count, stream, resource_type(resource)) {}
+        : buffer(count, stream, resource_type(resource), current_owner()) {}
+
+    /// As above, owned by `owner` (debug::intern_owner("kv_cache"), an owner_scope's id(), or
+    /// nullptr for untagged) whatever scope is open.
+    template <stream_ordered_resource R>
+        requires std::same_as<typename R::stream_type, stream_view> && has_property<R, Access>
+    buffer(std::size_t count, stream_view stream, R& resource, owner_id owner)
+        : buffer(count, stream, resource_type(resource), owner) {}
 
     /// As above, through a type-erased reference, which must be passed as one (no resource
     /// converts to it here, so the access check above cannot be bypassed by accident); the caller
@@ -61,14 +76,18 @@ public:
     template <class Ref>
         requires std::same_as<Ref, resource_type>
     buffer(std::size_t count, stream_view stream, Ref resource)
-        : resource_(resource), stream_(stream), device_(device_of(resource)) {
+        : buffer(count, stream, resource, current_owner()) {}
+    template <class Ref>
+        requires std::same_as<Ref, resource_type>
+    buffer(std::size_t count, stream_view stream, Ref resource, owner_id owner)
+        : resource_(resource), stream_(stream), device_(device_of(resource)), owner_(owner) {
         data_ = allocate(count);
         size_ = count;
     }
 
     buffer(buffer&& other) noexcept
         : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)),
-          resource_(other.resource_), stream_(other.stream_), device_(other.device_) {}
+          resource_(other.resource_), stream_(other.stream_), device_(other.device_), owner_(other.owner_) {}
     buffer& operator=(buffer&& other) noexcept {
         if (this != &other) {
             reset();
@@ -77,6 +96,7 @@ public:
             resource_ = other.resource_;
             stream_ = other.stream_;
             device_ = other.device_;
+            owner_ = other.owner_;
         }
         return *this;
     }
@@ -95,6 +115,8 @@ public:
     [[nodiscard]] int device() const noexcept { return device_; }
     [[nodiscard]] stream_view stream() const noexcept { return stream_; }
     [[nodiscard]] std::optional<resource_type> resource() const noexcept { return resource_; }
+    /// The owner every allocation of this buffer is made for (nullptr: untagged).
+    [[nodiscard]] owner_id owner() const noexcept { return owner_; }
 
     /// Host indexing, only for host-accessible memory. Precondition: i < size().
     [[nodiscard]] T& operator[](std::size_t i) noexcept
@@ -114,7 +136,8 @@ public:
     void set_stream(stream_view stream) noexcept { stream_ = stream; }
 
     /// Changes the size to `count`, keeping the first min(size(), count) objects (copied on
-    /// stream()). Strong guarantee: if the new storage cannot be had, the buffer is unchanged.
+    /// stream()). The new storage is allocated for owner(), whatever owner scope is open.
+    /// Strong guarantee: if the new storage cannot be had, the buffer is unchanged.
     void resize(std::size_t count) {
         if (count == size_) return;
         Expects(resource_.has_value());
@@ -133,6 +156,7 @@ public:
     void reset() noexcept {
         if (data_ == nullptr) return;
         basic_device_guard<Platform> guard(device_, std::nothrow);
+        const owner_binding as_owner(owner_);
         resource_->deallocate(stream_, data_, size_ * sizeof(T), alignof_storage);
         data_ = nullptr;
         size_ = 0;
@@ -152,6 +176,7 @@ private:
                                     std::to_string(sizeof(T)) + " bytes overflows the address space");
         }
         basic_device_guard<Platform> guard(device_);
+        const owner_binding as_owner(owner_);
         return static_cast<T*>(resource_->allocate(stream_, count * sizeof(T), alignof_storage));
     }
 
@@ -161,6 +186,7 @@ private:
     std::optional<resource_type> resource_; // empty only for a default-constructed buffer
     stream_view stream_{};
     int device_ = -1;
+    owner_id owner_ = nullptr; // fixed at construction; moves carry it
 };
 
 /// A single object of T in memory of `Access`, with synchronous value access.
@@ -171,6 +197,9 @@ public:
 
     template <class R>
     scalar(stream_view stream, R& resource) : storage_(1, stream, resource) {}
+    /// As above, owned by `owner` (see buffer).
+    template <class R>
+    scalar(stream_view stream, R& resource, owner_id owner) : storage_(1, stream, resource, owner) {}
 
     /// Copies `value` in on stream() and waits for the copy, so `value` may go away at once.
     void set_value(const T& value) {

@@ -24,10 +24,20 @@
 ///  - Resources are thread-safe unless their name says otherwise.
 #pragma once
 
+// custody needs C++20 or later (concepts, std::span, std::atomic::wait); say so before the first
+// concept fails to parse. (MSVC reports __cplusplus as 199711L unless /Zc:__cplusplus: it has
+// _MSVC_LANG.)
+#if defined(_MSVC_LANG) && _MSVC_LANG < 202002L
+#error "custody needs C++20 or later: compile with /std:c++20 (or a later standard)"
+#elif !defined(_MSVC_LANG) && __cplusplus < 202002L
+#error "custody needs C++20 or later: compile with -std=c++20 (or a later standard)"
+#endif
+
 #include <custody/core/statistics.hpp>
 
 #include <concepts>
 #include <cstddef>
+#include <new>
 #include <type_traits>
 
 namespace custody {

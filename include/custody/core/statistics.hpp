@@ -4,7 +4,6 @@
 
 #include <custody/core/detail/atomic_peak.hpp>
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -75,7 +74,7 @@ private:
     /// counter := max(0, counter - n), atomically.
     static void lower(std::atomic<std::size_t>& counter, std::size_t n) noexcept {
         std::size_t seen = counter.load(std::memory_order_relaxed);
-        while (!counter.compare_exchange_weak(seen, seen - std::min(seen, n), std::memory_order_relaxed)) {
+        while (!counter.compare_exchange_weak(seen, seen - (n < seen ? n : seen), std::memory_order_relaxed)) {
         }
     }
 

@@ -6,6 +6,7 @@
 #include <custody/core/detail/format.hpp>
 #include <custody/core/detail/output_file.hpp>
 #include <custody/core/error.hpp>
+#include <custody/core/rank.hpp>
 #include <custody/debug/detail/json.hpp>
 #include <custody/debug/report.hpp>
 
@@ -134,6 +135,26 @@ inline void write_totals(json::writer& w, const rank_report& r) {
     w.end_object();
 }
 
+/// The report's "upstream" member: the upstream's usage, or null when it keeps no statistics.
+inline void write_upstream(json::writer& w, const rank_report& r) {
+    w.key("upstream");
+    if (!r.upstream) {
+        w.null();
+        return;
+    }
+    const upstream_usage& u = *r.upstream;
+    w.begin_object();
+    w.field("resource", u.resource);
+    w.field("live_bytes", static_cast<std::uint64_t>(u.live_bytes));
+    w.field("peak_live_bytes", static_cast<std::uint64_t>(u.peak_live_bytes));
+    w.field("reserved_bytes", static_cast<std::uint64_t>(u.reserved_bytes));
+    w.field("peak_reserved_bytes", static_cast<std::uint64_t>(u.peak_reserved_bytes));
+    w.key("largest_free_block");
+    if (u.largest_free_block) w.number(static_cast<std::uint64_t>(*u.largest_free_block));
+    else w.null();
+    w.end_object();
+}
+
 /// The report's "owners" member.
 inline void write_owners(json::writer& w, const rank_report& r) {
     w.key("owners");
@@ -246,6 +267,7 @@ inline void write_timeline(json::writer& w, const rank_report& r) {
     w.field("started_unix_ns", static_cast<std::int64_t>(r.started_unix_ns));
     w.field("written_unix_ns", static_cast<std::int64_t>(r.written_unix_ns));
     detail::write_totals(w, r);
+    detail::write_upstream(w, r);
     detail::write_owners(w, r);
     detail::write_devices(w, r);
     detail::write_live(w, r);
@@ -255,6 +277,13 @@ inline void write_timeline(json::writer& w, const rank_report& r) {
     std::string text = w.take();
     text += '\n';
     return text;
+}
+
+/// The file name of a rank's report: "rank-<R>.json", as Python's custody.write_report names it
+/// and as a rank's trace is "rank-<R>.ctrace", so `custody-merge DIR/rank-*.json` finds every
+/// rank's report whoever wrote it.
+[[nodiscard]] inline std::string report_file_name(const rank_info& rank) {
+    return "rank-" + std::to_string(rank.rank) + ".json";
 }
 
 /// Writes the report to `path`, replacing it whole (custody::detail::write_file: a new file renamed
@@ -380,6 +409,23 @@ inline void read_totals(const field_reader& f, const json::value& doc, rank_repo
     r.totals.deallocations = f.integer<std::uint64_t>(totals, "deallocations", "totals");
 }
 
+/// Reads the report's "upstream" member into r.upstream: absent (a report from before it existed)
+/// or null is nothing; an object must hold every field.
+inline void read_upstream(const field_reader& f, const json::value& doc, rank_report& r) {
+    const json::value* v = doc.find("upstream");
+    if (v == nullptr || v->is_null()) return;
+    upstream_usage u;
+    u.resource = f.string(*v, "resource", "upstream");
+    u.live_bytes = f.count(*v, "live_bytes", "upstream");
+    u.peak_live_bytes = f.count(*v, "peak_live_bytes", "upstream");
+    u.reserved_bytes = f.count(*v, "reserved_bytes", "upstream");
+    u.peak_reserved_bytes = f.count(*v, "peak_reserved_bytes", "upstream");
+    if (const json::value& largest = f.member(*v, "largest_free_block", "upstream"); !largest.is_null()) {
+        u.largest_free_block = f.checked<std::size_t>(largest, "upstream.largest_free_block");
+    }
+    r.upstream = std::move(u);
+}
+
 /// Reads the report's "live" member into r.live (after read_rank: it takes r.rank.rank).
 inline void read_live(const field_reader& f, const json::value& doc, rank_report& r) {
     constexpr int int_max = std::numeric_limits<int>::max();
@@ -440,8 +486,9 @@ inline void read_timeline(const field_reader& f, const json::value& doc, rank_re
 } // namespace detail
 
 /// Reads a report from JSON text. `file` only names it in errors. Reads what the merge tool needs:
-/// rank, tracker, platform, times, totals, owners, devices, live groups, violation kinds and
-/// details, and the timeline. Integers read exactly, each within its field's range (an int field
+/// rank, tracker, platform, times, totals, the upstream's usage (optional: reports written before
+/// it existed have none), owners, devices, live groups, violation kinds and details, and the
+/// timeline. Integers read exactly, each within its field's range (an int field
 /// within int, a count within size_t, the schema's minimums). Throws report_error (truncated or
 /// malformed), naming the field for a wrong one.
 [[nodiscard]] inline rank_report parse_rank_report(std::string_view text, const std::string& file = {}) {
@@ -469,6 +516,7 @@ inline void read_timeline(const field_reader& f, const json::value& doc, rank_re
     r.started_unix_ns = f.integer<std::int64_t>(doc, "started_unix_ns", "report");
     r.written_unix_ns = f.integer<std::int64_t>(doc, "written_unix_ns", "report");
     detail::read_totals(f, doc, r);
+    detail::read_upstream(f, doc, r);
     for (const json::value& o : f.array(doc, "owners", "report")) {
         r.owners.push_back(owner_usage{f.string(o, "owner", "owners[]"), f.count(o, "live_bytes", "owners[]"),
                                        f.count(o, "live_count", "owners[]"), f.count(o, "peak_bytes", "owners[]")});

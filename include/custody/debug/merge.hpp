@@ -1,6 +1,7 @@
 /// @file
 /// Merges N per-rank reports into one cross-rank view: a table of live bytes per owner and rank
-/// with the imbalance (max / mean over ranks), and a Chrome/Perfetto trace with one process per
+/// with the imbalance (max / mean over ranks), the largest live groups' call stacks, and a
+/// Chrome/Perfetto trace with one process per
 /// rank and a counter track per owner. Used by tools/custody-merge.
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -29,6 +31,7 @@ struct cross_rank_view {
     std::vector<std::string> owners;               ///< sorted
     std::vector<std::vector<std::size_t>> bytes;   ///< [owner][rank]
     std::vector<std::size_t> rank_totals;          ///< [rank]: live bytes of the rank
+    std::vector<std::optional<upstream_usage>> upstream; ///< [rank]: the rank's upstream (pool), when reported
 
     [[nodiscard]] std::size_t max_of(std::size_t owner) const {
         return *std::max_element(bytes[owner].begin(), bytes[owner].end());
@@ -150,8 +153,10 @@ inline std::string describe_missing(const std::vector<int>& present, int world_s
     v.owners.assign(owners.begin(), owners.end());
     v.bytes.assign(v.owners.size(), std::vector<std::size_t>(static_cast<std::size_t>(v.world_size), 0));
     v.rank_totals.assign(static_cast<std::size_t>(v.world_size), 0);
+    v.upstream.assign(static_cast<std::size_t>(v.world_size), std::nullopt);
     for (const rank_report& r : reports) {
         const auto rank = static_cast<std::size_t>(r.rank.rank);
+        v.upstream[rank] = r.upstream;
         for (const auto& o : r.owners) {
             const auto at = static_cast<std::size_t>(
                 std::lower_bound(v.owners.begin(), v.owners.end(), o.owner) - v.owners.begin());
@@ -162,10 +167,60 @@ inline std::string describe_missing(const std::vector<int>& present, int world_s
     return v;
 }
 
+namespace detail {
+
+/// The rows of the ranks' upstreams (pools), under the owners' table, in its columns: reserved
+/// and live bytes, peak reserved / peak live, the largest free block ("-" where a rank did not
+/// report it); "" when no rank reported its upstream.
+inline std::string format_upstream_rows(const cross_rank_view& v, std::size_t width) {
+    const auto reported = [](const std::optional<upstream_usage>& u) { return u.has_value(); };
+    if (std::none_of(v.upstream.begin(), v.upstream.end(), reported)) return {};
+    std::set<std::string> names;
+    for (const auto& u : v.upstream)
+        if (u && !u->resource.empty()) names.insert(u->resource);
+    std::string title = "upstream";
+    for (const auto& n : names) title += (title.size() == 8 ? " (" : ", ") + n;
+    if (!names.empty()) title += ")";
+    std::string out = "\n" + title + "\n";
+    char cell[64];
+    const auto row = [&](const char* label, const auto& value_of) {
+        const std::string text = "  " + std::string(label); // under the owners, padded as they are
+        out += text + std::string(width + 2 > text.size() ? width + 2 - text.size() : 1, ' ');
+        for (const auto& u : v.upstream) {
+            value_of(u, cell);
+            out += cell;
+        }
+        out += '\n';
+    };
+    const auto bytes = [](std::size_t upstream_usage::*field) {
+        return [field](const std::optional<upstream_usage>& u, char* cell) {
+            if (u) std::snprintf(cell, 64, "%14zu", (*u).*field);
+            else std::snprintf(cell, 64, "%14s", "-");
+        };
+    };
+    row("reserved", bytes(&upstream_usage::reserved_bytes));
+    row("live", bytes(&upstream_usage::live_bytes));
+    row("peak reserved/live", [](const std::optional<upstream_usage>& u, char* cell) {
+        if (u && u->peak_live_bytes != 0) std::snprintf(cell, 64, "%14.2f", u->fragmentation());
+        else std::snprintf(cell, 64, "%14s", "-");
+    });
+    row("largest free block", [](const std::optional<upstream_usage>& u, char* cell) {
+        if (u && u->largest_free_block) std::snprintf(cell, 64, "%14zu", *u->largest_free_block);
+        else std::snprintf(cell, 64, "%14s", "-");
+    });
+    return out;
+}
+
+} // namespace detail
+
 /// The table: one row per owner, one column per rank, then max, mean and max/mean; rows above
-/// `threshold` are marked "<< imbalanced". A last row holds each rank's total.
+/// `threshold` are marked "<< imbalanced". A last row holds each rank's total. Below it, when the
+/// reports carry their upstream's usage, a row each for its reserved and live bytes, peak reserved
+/// over peak live, and the largest free block, per rank (a bloated pool shows there).
 [[nodiscard]] inline std::string format_table(const cross_rank_view& v, double threshold) {
-    std::size_t width = 5;
+    const bool with_upstream =
+        std::any_of(v.upstream.begin(), v.upstream.end(), [](const auto& u) { return u.has_value(); });
+    std::size_t width = with_upstream ? 20 : 5; // "  largest free block" or "owner"
     for (const auto& o : v.owners) width = std::max(width, o.size());
     std::string out;
     char cell[64];
@@ -193,7 +248,50 @@ inline std::string describe_missing(const std::vector<int>& present, int world_s
         out += cell;
     }
     out += '\n';
-    return out;
+    return out + detail::format_upstream_rows(v, width);
+}
+
+namespace detail {
+
+/// Whether group `g` of a rank is among the `n` whose stacks format_stacks prints: the first `n`
+/// groups (largest first) that have a call stack. `shown` counts those met so far.
+[[nodiscard]] inline bool stack_printed(const leak_group& g, std::size_t n, std::size_t& shown) noexcept {
+    if (shown == n || g.stack.empty()) return false;
+    ++shown;
+    return true;
+}
+
+} // namespace detail
+
+/// The `n` largest live groups of each rank that have a call stack, each with its frames, and a
+/// line for the groups left out ("rank 1: and 4 more groups (123 B)"), so the bytes of every live
+/// group are accounted for; "" when no group has a stack.
+[[nodiscard]] inline std::string format_stacks(const std::vector<rank_report>& reports, std::size_t n) {
+    std::string out;
+    bool any = false; // a stack printed: without one anywhere, there is no such section
+    for (const auto& r : reports) {
+        std::size_t shown = 0;
+        std::size_t rest = 0;
+        std::size_t rest_bytes = 0;
+        const std::string rank = "rank " + std::to_string(r.rank.rank) + ": ";
+        for (const auto& g : r.live.groups) { // largest first
+            if (!detail::stack_printed(g, n, shown)) {
+                ++rest;
+                detail::add_saturating(rest_bytes, g.bytes);
+                continue;
+            }
+            out += rank + std::to_string(g.bytes) + " B in " + std::to_string(g.count) + " allocations from '" +
+                   g.owner + "'\n";
+            for (const auto& f : g.stack) out += "      at " + f + "\n";
+        }
+        any = any || shown != 0;
+        if (rest != 0) {
+            out += rank + (shown != 0 ? "and " : "") + std::to_string(rest) + (shown != 0 ? " more group" : " group") +
+                   (rest == 1 ? "" : "s") + " (" + std::to_string(rest_bytes) + " B)" +
+                   (shown < n ? " without a call stack" : "") + "\n";
+        }
+    }
+    return any ? "\nlargest live groups by call stack:\n" + out : std::string();
 }
 
 namespace detail {

@@ -3,6 +3,8 @@
 /// ("decoder/layer.3/attn" when nested), and the interned owner names the tracker stores.
 #pragma once
 
+#include <custody/core/owner.hpp>
+
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -13,10 +15,10 @@ namespace custody::debug {
 /// The owner recorded for memory allocated outside every owner scope and without an explicit owner.
 inline constexpr std::string_view untagged_owner = "<untagged>";
 
-/// An interned owner name: a pointer to a string that lives until the process exits, so a ledger
-/// entry stores one pointer and two entries with the same owner compare by address.
-/// nullptr means untagged.
-using owner_id = const std::string*;
+/// An interned owner name (core/owner.hpp); nullptr means untagged.
+using custody::owner_id;
+/// The owner of what this thread allocates now (core/owner.hpp).
+using custody::current_owner;
 
 namespace detail {
 
@@ -39,11 +41,6 @@ private:
     std::unordered_set<std::string> names_;
 };
 
-inline owner_id& current_owner_slot() noexcept {
-    thread_local owner_id current = nullptr;
-    return current;
-}
-
 } // namespace detail
 
 /// Interns `name` ("" is untagged). Thread-safe; costs a lock and a hash.
@@ -57,9 +54,6 @@ inline owner_id& current_owner_slot() noexcept {
     return id == nullptr ? untagged_owner : std::string_view(*id);
 }
 
-/// The owner of what this thread allocates now (nullptr when outside every scope). Constant time.
-[[nodiscard]] inline owner_id current_owner() noexcept { return detail::current_owner_slot(); }
-
 /// Names the owner of the memory this thread allocates while the scope lives. Scopes nest: inside
 /// `owner_scope a("decoder"); owner_scope b("layer.3");` the owner is "decoder/layer.3".
 ///
@@ -69,7 +63,7 @@ inline owner_id& current_owner_slot() noexcept {
 /// destruction is constant.
 class owner_scope {
 public:
-    explicit owner_scope(std::string_view name) : previous_(detail::current_owner_slot()) {
+    explicit owner_scope(std::string_view name) : previous_(custody::detail::current_owner_slot()) {
         std::string path;
         if (previous_ != nullptr) {
             path.reserve(previous_->size() + 1 + name.size());
@@ -78,9 +72,9 @@ public:
         }
         path += name;
         self_ = intern_owner(path);
-        detail::current_owner_slot() = self_;
+        custody::detail::current_owner_slot() = self_;
     }
-    ~owner_scope() { detail::current_owner_slot() = previous_; }
+    ~owner_scope() { custody::detail::current_owner_slot() = previous_; }
     owner_scope(const owner_scope&) = delete;
     owner_scope& operator=(const owner_scope&) = delete;
 

@@ -4,6 +4,7 @@
 /// snapshots and their differences. Plain values, no locks.
 #pragma once
 
+#include <custody/core/concepts.hpp>
 #include <custody/core/detail/format.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/debug/owner_scope.hpp>
@@ -14,7 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -310,6 +311,48 @@ struct timeline_sample {
     std::vector<std::pair<std::string, std::size_t>> owners; ///< sorted by owner name
 };
 
+/// What the tracked resource's upstream (a pool, a leaf) holds, when it keeps statistics: its
+/// reserve beside the bytes it serves, so a rank whose pool is bloated shows in the merged view.
+/// Invariants (for a consistent upstream): live_bytes <= reserved_bytes, peak_live_bytes <=
+/// peak_reserved_bytes.
+struct upstream_usage {
+    std::string resource;              ///< the upstream's name ("stream_ordered_pool"), "" when it has none
+    std::size_t live_bytes = 0;        ///< what it serves (the tracker's blocks, guards included)
+    std::size_t peak_live_bytes = 0;
+    std::size_t reserved_bytes = 0;    ///< what it holds from its own upstream
+    std::size_t peak_reserved_bytes = 0;
+    std::optional<std::size_t> largest_free_block; ///< when the upstream tells it (a pool)
+
+    /// Peak reserved over peak live bytes (a pool's fragmentation(): 1.0 is perfect); 0 when
+    /// nothing was ever live.
+    [[nodiscard]] double fragmentation() const noexcept {
+        return peak_live_bytes == 0 ? 0.0
+                                    : static_cast<double>(peak_reserved_bytes) / static_cast<double>(peak_live_bytes);
+    }
+    friend bool operator==(const upstream_usage&, const upstream_usage&) = default;
+};
+
+namespace detail {
+
+/// `u`'s usage for a report, when it keeps statistics; nothing otherwise.
+template <class Upstream>
+[[nodiscard]] std::optional<upstream_usage> upstream_usage_of(const Upstream& u) {
+    if constexpr (resource_with_statistics<Upstream>) {
+        const resource_statistics s = u.statistics();
+        upstream_usage usage{{}, s.live_bytes, s.peak_live_bytes, s.reserved_bytes, s.peak_reserved_bytes, {}};
+        if constexpr (requires { std::string(Upstream::name); }) usage.resource = Upstream::name;
+        if constexpr (requires { u.detailed_statistics().largest_free_block; }) {
+            usage.largest_free_block = u.detailed_statistics().largest_free_block;
+        }
+        return usage;
+    } else {
+        static_cast<void>(u);
+        return std::nullopt;
+    }
+}
+
+} // namespace detail
+
 /// Everything one rank's JSON report holds (see docs/debug-report-schema.json). A plain value
 /// made by tracking_resource::make_report(); json_report.hpp writes and reads it.
 struct rank_report {
@@ -319,6 +362,7 @@ struct rank_report {
     std::int64_t started_unix_ns = 0;
     std::int64_t written_unix_ns = 0;
     resource_statistics totals;
+    std::optional<upstream_usage> upstream; ///< the tracked resource's upstream, when it keeps statistics
     std::vector<owner_usage> owners;   ///< sorted by owner name
     std::vector<device_usage> devices; ///< sorted by device
     leak_report live;                  ///< the live allocations grouped by owner and call stack

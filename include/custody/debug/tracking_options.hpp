@@ -20,7 +20,9 @@ namespace custody::debug {
 /// What a watch saw when it fired.
 struct watch_event {
     int watch_id = 0;
-    std::string subject; ///< "owner 'decoder'" or "device 1"
+    std::string subject; ///< "owner 'decoder'" or "device 1", for a message
+    std::string owner;   ///< for an owner's watch: the owner's name ("<untagged>" for untagged); else ""
+    int device = -1;     ///< for a device's watch: the device; else -1
     int rank = 0;
     std::size_t live_bytes = 0;
     bool growth = false; ///< true: fired by growth across snapshots; false: by the threshold
@@ -28,8 +30,9 @@ struct watch_event {
 };
 
 /// A live-bytes alarm: calls `callback` when the live bytes of one owner (exact name) or of one
-/// device rise above `threshold_bytes` (once per crossing; it re-arms below), or grow across
-/// `growth_snapshots` consecutive snapshots.
+/// device rise above `threshold_bytes` (once per crossing; it re-arms at or below it), or grow
+/// across `growth_snapshots` consecutive snapshots (once per run of growth; it re-arms after a
+/// snapshot without growth). Python's custody.LeakWatch means the same (docs/debug.md).
 struct watch {
     enum class subject { owner, device };
     subject what = subject::owner;

@@ -24,6 +24,7 @@
 ///     detail/symbolizer.hpp    addresses -> function, file, line (libdw)
 ///     detail/dwarf_unit_index.hpp  one DWARF unit's functions, for the symbolizer's search
 ///     detail/frame_text.hpp    one frame's text in a report, written and read back
+///     detail/function_name.hpp a function's name as frames show it; the runtime's frames
 /// The rank itself (rank_info, detect_rank()) is core/rank.hpp; the rank from an NCCL communicator
 /// and the live cross-rank view gathered over NCCL are in interop/nccl/.
 #pragma once
@@ -48,6 +49,7 @@
 #include <custody/debug/owner_scope.hpp>
 #include <custody/debug/report.hpp>
 #include <custody/debug/tracking_options.hpp>
+#include <custody/platform/platform.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -221,11 +223,7 @@ public:
         const auto uses = state_.uses_of(ptr);
         if (!uses) throw_not_live(ptr);
         for (int i = 0; i < uses->count; ++i) {
-            const stream_type u = uses->streams[static_cast<std::size_t>(i)];
-            if (u == free_stream) continue;
-            typename platform_type::event e(platform_type::stream_device(u));
-            e.record(u);
-            platform_type::wait(free_stream, e);
+            order_after<platform_type>(uses->streams[static_cast<std::size_t>(i)], free_stream);
         }
         declare_ordered(ptr, free_stream);
     }
@@ -308,14 +306,15 @@ public:
     /// Removes a watch; false when no such id.
     bool remove_watch(int id) { return state_.remove_watch(id); }
 
-    /// Everything a per-rank JSON report holds (json_report.hpp writes it). Takes a timeline
-    /// sample. O(n) in the live blocks plus symbolizing one stack per group.
+    /// Everything a per-rank JSON report holds (json_report.hpp writes it), with the upstream's
+    /// reserve when it keeps statistics (a pool). Takes a timeline sample. O(n) in the live blocks plus symbolizing one stack per group.
     [[nodiscard]] rank_report make_report() {
         rank_report r;
         r.rank = rank_;
         r.tracker = options_.name;
         r.platform = std::string(platform_type::name);
         r.started_unix_ns = clock_.start_unix_ns();
+        r.upstream = detail::upstream_usage_of(upstream_);
         const std::vector<snapshot_entry> entries = state_.fill_report(r, clock_.now_ns(), clock_.start_unix_ns());
         std::sort(r.owners.begin(), r.owners.end(),
                   [](const owner_usage& a, const owner_usage& b) { return a.owner < b.owner; });

@@ -46,13 +46,12 @@
 ///
 /// The `platform` concept below checks the shape; docs/platform.md explains the semantics.
 /// run_exit_tolerant<P> is how every noexcept path (a destructor, a deallocate) runs a platform
-/// operation that may fail.
+/// operation that may fail; order_after<P>(first, then) orders one stream after another's work.
 #pragma once
 
 #include <custody/core/failure_callback.hpp>
 #include <custody/platform/capture.hpp>
 
-#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -121,7 +120,8 @@ bool run_exit_tolerant(std::string_view what, Step&& step) noexcept {
         char line[512];
         const int n =
             std::snprintf(line, sizeof line, "%.*s failed: %s", static_cast<int>(what.size()), what.data(), message);
-        report_failure(std::string_view(line, n > 0 ? std::min(static_cast<std::size_t>(n), sizeof line - 1) : 0U));
+        const std::size_t written = n > 0 ? static_cast<std::size_t>(n) : 0U; // snprintf truncates at the end
+        report_failure(std::string_view(line, written < sizeof line ? written : sizeof line - 1));
     };
     try {
         std::forward<Step>(step)();
@@ -132,6 +132,18 @@ bool run_exit_tolerant(std::string_view what, Step&& step) noexcept {
         report("an unknown exception");
     }
     return false;
+}
+
+/// Makes the work enqueued on `then` from now on wait for the work enqueued on `first` so far: an
+/// event recorded on `first`, waited on by `then`, without blocking the host; nothing when they are
+/// one stream. Creates an event, so it is for a one-time ordering (a buffer's first use on another
+/// stream, a block freed on another stream than its users'), not for a hot loop.
+template <class Platform>
+void order_after(typename Platform::stream_view first, typename Platform::stream_view then) {
+    if (first == then) return;
+    typename Platform::event e(Platform::stream_device(first));
+    e.record(first);
+    Platform::wait(then, e);
 }
 
 /// Whether a scope that made another device current should make `previous` current again when it

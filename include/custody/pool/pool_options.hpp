@@ -44,6 +44,9 @@ inline constexpr bool checked_by_default = false;
 inline constexpr bool checked_by_default = true;
 #endif
 
+/// pool_options::device_headroom's default: an eighth of the device, at most 1 GiB (see there).
+inline constexpr std::size_t automatic_headroom = SIZE_MAX;
+
 /// How a stream_ordered_pool grows and what it keeps. Every field has a default that suits an
 /// inference server; the comment beside each says why.
 struct pool_options {
@@ -105,12 +108,19 @@ struct pool_options {
 
     /// The whole-device budget: the pool grows only while the device keeps `device_headroom` bytes
     /// free for what the pool does not own (NCCL buffers, CUDA contexts, cuBLAS/cuDNN workspaces).
-    /// 1 GiB by default: an NCCL communicator's buffers plus a few library workspaces. Applies when
-    /// the device's memory is known, from `memory_info` (queried at each growth, so memory taken
-    /// by others counts) or else from `device_capacity` (the device's size in bytes, for platforms
-    /// that cannot be asked: the pool's own reserve is then all it counts against it).
-    std::size_t device_headroom = std::size_t{1} << 30;
-    std::size_t device_capacity = 0; ///< 0: unknown
+    /// By default (automatic_headroom) an eighth of the device, at most 1 GiB: 1 GiB holds an NCCL
+    /// communicator's buffers plus a few library workspaces on any device of 8 GiB or more, and a
+    /// small device (a 2 GiB test device, a host platform's virtual one) keeps 7/8 of itself for
+    /// the pool instead of half or none. Applies when the device's memory is known, from
+    /// `memory_info` (queried at each growth, so memory taken by others counts; its total sizes
+    /// the default headroom) or else from `device_capacity` (the device's size in bytes, for
+    /// platforms that cannot be asked: the pool's own reserve is then all it counts against it).
+    /// The budget is capacity - headroom; out_of_memory names it and its parts when it is what
+    /// stopped the pool.
+    std::size_t device_headroom = automatic_headroom;
+    /// 0: unknown, unless the upstream tells its size (`device_capacity()`, as
+    /// host::simulated_device_memory does): the pool then takes it from there, so it is said once.
+    std::size_t device_capacity = 0;
     memory_info_function memory_info = nullptr;
 
     /// Streams the pool keeps a shard (its own lists and lock) for. A stream met after that many

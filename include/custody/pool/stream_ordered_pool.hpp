@@ -61,14 +61,12 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <memory>
 #include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
-#include <vector>
 
 namespace custody::pool {
 
@@ -161,7 +159,7 @@ public:
     /// options that cannot work (max_streams == 0), and what the platform throws creating events.
     template <class... Args>
     explicit stream_ordered_pool(pool_options options, Args&&... upstream_args)
-        : upstream_(std::forward<Args>(upstream_args)...), options_(detail::validated(options)),
+        : upstream_(std::forward<Args>(upstream_args)...), options_(detail::validated(options, upstream_)),
           device_(detail::device_of(upstream_)), annotations_(options_.annotate),
           watched_(options_.checked || annotations_.on()), store_(upstream_, options_, device_, annotations_),
           streams_(options_, device_, store_, activity_, peak_), request_limit_(detail::growth_rule(options_).request_limit()),
@@ -169,8 +167,10 @@ public:
                          [this](std::size_t n) { return store_.may_take(n + capture_store_.reserved_bytes()); },
                          annotations_, watched_) {
         if (options_.initial_size > 0 && !store_.grow_exactly(block_kind::large, align_up(options_.initial_size, granule))) {
+            const std::string limits = store_.describe_limits(options_.initial_size);
             throw out_of_memory(options_.initial_size, chunk_alignment, device_, statistics(), name,
-                                "the pool's initial size could not be taken from its upstream");
+                                "the pool's initial size could not be taken from its upstream" +
+                                    (limits.empty() ? "" : "; " + limits));
         }
     }
 
@@ -715,8 +715,10 @@ private:
     [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::size_t alignment, std::string_view reason) const {
         const pool_statistics p = detailed_statistics();
         std::string d(reason);
-        if (!d.empty()) d += "; ";
-        throw out_of_memory(bytes, alignment, device_, p.totals, name, d + p.describe());
+        for (const std::string& part : {store_.describe_limits(bytes), p.describe()}) {
+            if (!part.empty()) d += (d.empty() ? "" : "; ") + part;
+        }
+        throw out_of_memory(bytes, alignment, device_, p.totals, name, d);
     }
 
     // ---- fields ----

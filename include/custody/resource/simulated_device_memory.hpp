@@ -54,6 +54,9 @@ public:
     }
 
     [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+    /// The device's size, as a pool over this resource asks it (pool_options::device_capacity):
+    /// the capacity, said once, here.
+    [[nodiscard]] std::size_t device_capacity() const noexcept { return capacity_; }
     /// Bytes taken from the capacity, including frees still pending on a stream.
     [[nodiscard]] std::size_t used() const noexcept { return used_.load(std::memory_order_acquire); }
     /// The device that was current inside the last call that allocated (for device-binding tests).

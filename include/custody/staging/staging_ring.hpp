@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -67,7 +68,9 @@ namespace custody::staging {
 /// ring never overflows; a request larger than the ring is std::length_error.
 ///
 /// Stream semantics: a committed copy runs in `stream`'s order; its destination may be used by
-/// work enqueued on `stream` after the commit. The region is reclaimed when the event recorded
+/// work enqueued on `stream` after the commit. A destination allocated on another stream must be
+/// usable on `stream` first: commit a custody::buffer itself (commit orders `stream` after the
+/// buffer's stream), or order the streams yourself before committing a pointer or span. The region is reclaimed when the event recorded
 /// after the copy has completed, whichever stream the next producer uses. copy_to_device returns
 /// once the source has been copied into the ring: the source may be reused at once, the
 /// destination when `stream` reaches the end of the transfer.
@@ -215,6 +218,23 @@ public:
         check_reservation(r);
         detail::check_destination(destination.size(), r.size());
         commit(std::move(r), destination.data(), stream);
+    }
+
+    /// As commit(r, destination.span(), stream) into a destination that knows its stream (a
+    /// custody::buffer), made safe across streams: when the buffer is ordered on another stream
+    /// than `stream`, `stream` first waits for the work enqueued on the buffer's stream so far
+    /// (order_after: an event, no host wait). A pool hands out a block on the buffer's stream that
+    /// earlier work there may still be using; without that wait the copy could land first.
+    template <class T, class Destination>
+        requires requires(Destination& d) {
+            { d.span() } -> std::same_as<std::span<T>>;
+            { d.stream() } -> std::convertible_to<stream_type>;
+        }
+    void commit(reservation_type<T>&& r, Destination& destination, stream_type stream) {
+        check_reservation(r);
+        detail::check_destination(destination.span().size(), r.size());
+        order_after<platform_type>(destination.stream(), stream);
+        commit(std::move(r), destination.span().data(), stream);
     }
 
     /// Copies `source` (pageable or not) to `destination` on `stream` through the ring, in chunks

@@ -14,7 +14,7 @@
 namespace custody::trace {
 
 /// The file name of a rank's trace: "rank-<R>.ctrace", as the tracking resource's reports are
-/// "rank-<R>.json".
+/// "rank-<R>.json" (debug::report_file_name).
 [[nodiscard]] inline std::string trace_file_name(const rank_info& rank) {
     return "rank-" + std::to_string(rank.rank) + ".ctrace";
 }

@@ -12,7 +12,10 @@
 #pragma once
 
 #include <custody/core/detail/format.hpp>
+#include <custody/debug/detail/function_name.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -95,38 +98,36 @@ inline std::string location_text(const code_location& at) {
     return at;
 }
 
-/// A demangled C++ name without its parameter list and the qualifiers after it
-/// ("ns::f(int) const" -> "ns::f"), and with template arguments folded to "<...>" when the name
-/// is still long. Names that are not function signatures come back unchanged.
-[[nodiscard]] inline std::string short_function_name(std::string name) {
-    // The parameter list is the last top-level "(...)" (an operator() name keeps its own "()").
-    if (!name.empty()) {
-        const auto close = name.rfind(')');
-        if (close != std::string::npos) {
-            int depth = 0;
-            for (std::size_t i = close + 1; i-- > 0;) {
-                if (name[i] == ')') ++depth;
-                else if (name[i] == '(' && --depth == 0) {
-                    if (i > 0) name.erase(i);
-                    break;
-                }
-            }
-        }
+/// The function a frame's text names: FUNCTION of "FILE:LINE in FUNCTION [...]" or
+/// "FUNCTION [...]", NAME of "unsymbolized NAME+0xN [...]"; empty when it names none (text from a
+/// report is untrusted: any string gives an answer).
+[[nodiscard]] inline std::string_view frame_function(std::string_view text) {
+    const std::size_t open = text.rfind(" [");
+    if (open == std::string_view::npos) return {};
+    std::string_view head = text.substr(0, open);
+    if (is_unsymbolized(head)) {
+        head.remove_prefix(std::min(head.size(), unsymbolized_mark.size() + 1));
+        const std::size_t plus = head.rfind("+0x");
+        return plus == std::string_view::npos ? std::string_view{} : head.substr(0, plus);
     }
-    constexpr std::size_t long_name = 80;
-    if (name.size() <= long_name) return name;
-    std::string folded;
-    int depth = 0;
-    for (const char c : name) {
-        if (c == '<') {
-            if (depth++ == 0) folded += "<...>";
-        } else if (c == '>' && depth > 0) {
-            --depth;
-        } else if (depth == 0) {
-            folded += c;
-        }
+    // "FILE:LINE in ": the first " in " right after ":DIGITS".
+    for (std::size_t in = head.find(" in "); in != std::string_view::npos; in = head.find(" in ", in + 1)) {
+        std::size_t digits = in;
+        while (digits > 0 && head[digits - 1] >= '0' && head[digits - 1] <= '9') --digits;
+        if (digits < in && digits > 0 && head[digits - 1] == ':') return head.substr(in + 4);
     }
-    return depth == 0 ? folded : name;
+    return head == "?" ? std::string_view{} : head;
+}
+
+/// `text` with the function it names shortened by short_function_name (a frame written before
+/// names were shortened, or elsewhere); other text comes back unchanged.
+[[nodiscard]] inline std::string with_short_function(std::string text) {
+    const std::string_view function = frame_function(text);
+    if (function.empty()) return text;
+    const std::string shorter = short_function_name(function);
+    if (shorter == function) return text;
+    const auto at = static_cast<std::size_t>(function.data() - text.data());
+    return text.replace(at, function.size(), shorter);
 }
 
 } // namespace custody::debug::detail

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <type_traits>
 #include <variant>
+#include <vector>
 
 namespace custody::debug::detail::json {
 

@@ -5,7 +5,6 @@
 
 #include <custody/debug/report.hpp>
 
-#include <algorithm>
 #include <mutex>
 #include <string>
 #include <vector>

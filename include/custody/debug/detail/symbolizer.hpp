@@ -228,7 +228,7 @@ private:
         const char* name = dwarf_diename(&named);
         if (name == nullptr) return {};
         const std::string* scope = unit.scope_of(dwarf_dieoffset(&named));
-        return scope != nullptr ? *scope + name : std::string(name);
+        return short_function_name(scope != nullptr ? *scope + name : std::string(name));
     }
 
     /// Where an inlined call was made: DW_AT_call_file / DW_AT_call_line of `inlined`.
@@ -341,13 +341,23 @@ struct named_frame {
     std::string text;     ///< frame_text or unsymbolized_text
 };
 
-/// The lines of `frames` from the first one that is not custody's own: the tracker's frames on top
-/// of a stack (inlined or not) are left out, so a report starts where the application asked for
-/// memory. A stack of custody frames only is kept whole.
+/// Whether `f` is custody's own or the C++ runtime's (runtime_frame), by its function's name, or
+/// the name its text carries, and by its module.
+[[nodiscard]] inline bool runtime_frame(const named_frame& f) {
+    const std::string_view function = f.function.empty() ? frame_function(f.text) : std::string_view(f.function);
+    const auto at = frame_location(f.text);
+    return runtime_frame(function, at ? std::string_view(at->module) : std::string_view{});
+}
+
+/// The lines of `frames` from the first one that is neither custody's own nor the C++ runtime's:
+/// the tracker's frames on top of a stack (inlined or not), and the standard library's between
+/// them and the application (std::construct_at, an allocator's allocate, vector's growth, in
+/// alloc_traits.h and vector.tcc), are left out, so a report starts where the application asked
+/// for memory; every frame below that one is kept, the runtime's included. A stack of such frames
+/// only is kept whole.
 [[nodiscard]] inline std::vector<std::string> application_first(const std::vector<named_frame>& frames) {
-    constexpr std::string_view own = "custody::";
     std::size_t first = 0;
-    while (first < frames.size() && frames[first].function.compare(0, own.size(), own) == 0) ++first;
+    while (first < frames.size() && runtime_frame(frames[first])) ++first;
     if (first == frames.size()) first = 0;
     std::vector<std::string> lines;
     lines.reserve(frames.size() - first);
@@ -378,8 +388,9 @@ inline void append_frames(symbolizer& s, const code_location& at, std::vector<na
 }
 
 /// A report's stack with its unsymbolized lines symbolized where `s` can read their modules
-/// (offline, in custody-merge); other lines are kept as they are. Returns how many lines are
-/// still unsymbolized.
+/// (offline, in custody-merge), the functions other lines name shortened as this version does,
+/// and starting at the application (application_first). Returns how many lines are still
+/// unsymbolized.
 inline std::size_t symbolize_lines(symbolizer& s, std::vector<std::string>& stack) {
     std::vector<named_frame> frames;
     frames.reserve(stack.size());
@@ -389,7 +400,7 @@ inline std::size_t symbolize_lines(symbolizer& s, std::vector<std::string>& stac
             append_frames(s, *at, frames);
             if (is_unsymbolized(frames.back().text)) frames.back().text = std::move(line); // as it was
         } else {
-            frames.push_back(named_frame{{}, std::move(line)});
+            frames.push_back(named_frame{{}, with_short_function(std::move(line))}); // one naming rule
         }
     }
     stack = application_first(frames);

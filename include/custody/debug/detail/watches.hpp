@@ -95,8 +95,13 @@ private:
     [[nodiscard]] static watch_event event_of(const installed& w, std::size_t live, bool growth, int rank) {
         watch_event e;
         e.watch_id = w.id;
-        e.subject = w.spec.what == watch::subject::owner ? "owner '" + std::string(owner_name(w.owner)) + "'"
-                                                         : "device " + std::to_string(w.spec.device);
+        if (w.spec.what == watch::subject::owner) {
+            e.owner = std::string(owner_name(w.owner));
+            e.subject = "owner '" + e.owner + "'";
+        } else {
+            e.device = w.spec.device;
+            e.subject = "device " + std::to_string(w.spec.device);
+        }
         e.rank = rank;
         e.live_bytes = live;
         e.growth = growth;

@@ -17,7 +17,6 @@
 #include <custody/pool/detail/free_set.hpp>
 #include <custody/pool/detail/size_classes.hpp>
 
-#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>

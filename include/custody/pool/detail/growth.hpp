@@ -6,16 +6,20 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/format.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/pool/detail/size_classes.hpp>
 #include <custody/pool/pool_options.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 namespace custody::pool::detail {
 
@@ -33,6 +37,26 @@ inline constexpr std::size_t chunk_rounding = std::size_t{2} << 20;
     o.record_interval = std::min<std::size_t>(o.record_interval, UINT32_MAX); // a shard counts it in 32 bits
     o.growth_step = align_up(o.growth_step, granule);
     return o;
+}
+
+/// As above, and a device_capacity left unknown is taken from `upstream` when it tells its
+/// device's size (device_capacity(), as host::simulated_device_memory does), so a capacity is
+/// said once, where the memory is made.
+template <class Upstream>
+[[nodiscard]] pool_options validated(pool_options o, const Upstream& upstream) {
+    if constexpr (requires {
+                      { upstream.device_capacity() } -> std::convertible_to<std::size_t>;
+                  }) {
+        if (o.device_capacity == 0) o.device_capacity = upstream.device_capacity();
+    }
+    return validated(std::move(o));
+}
+
+/// The headroom `configured` (pool_options::device_headroom) leaves on a device of `total` bytes:
+/// as configured, or for automatic_headroom an eighth of the device, at most 1 GiB.
+[[nodiscard]] constexpr std::size_t headroom_on(std::size_t configured, std::size_t total) noexcept {
+    if (configured != automatic_headroom) return configured;
+    return std::min(std::size_t{1} << 30, total / 8);
 }
 
 /// The growth and limit rules of pool_options, apart from the memory they govern. A plain value;
@@ -73,9 +97,12 @@ public:
     [[nodiscard]] bool allows(std::size_t n, std::size_t reserved, const std::optional<device_memory>& device,
                               std::size_t maximum) const noexcept {
         if (n > maximum || reserved > maximum - n) return false;
-        if (device) return device->free >= n && device->free - n >= headroom_;
+        if (device) {
+            const std::size_t headroom = headroom_on(headroom_, device->total);
+            return device->free >= n && device->free - n >= headroom;
+        }
         if (capacity_ != 0) {
-            const std::size_t budget = capacity_ > headroom_ ? capacity_ - headroom_ : 0;
+            const std::size_t budget = capacity_budget();
             return reserved <= budget && n <= budget - reserved;
         }
         return true;
@@ -86,11 +113,50 @@ public:
     /// The same with `maximum` in place of maximum_size.
     [[nodiscard]] std::size_t request_limit(std::size_t maximum) const noexcept {
         std::size_t limit = std::min(maximum, SIZE_MAX / 2);
-        if (capacity_ != 0) limit = std::min(limit, capacity_ > headroom_ ? capacity_ - headroom_ : std::size_t{0});
+        if (capacity_ != 0) limit = std::min(limit, capacity_budget());
         return limit;
     }
 
+    /// The limits as out_of_memory says them, for a pool holding `reserved` bytes that could not
+    /// serve `request` bytes: the device budget and its parts ("device budget 1.75 GiB =
+    /// capacity 2 GiB - headroom 256 MiB (device_headroom), the pool holds ..."), and
+    /// maximum_size (`maximum`: the pool's limit now) when set; "" when neither applies. `device` as
+    /// for allows().
+    [[nodiscard]] std::string describe_limits(std::size_t request, std::size_t reserved,
+                                              const std::optional<device_memory>& device, std::size_t maximum) const {
+        using custody::detail::bytes_text;
+        std::string d;
+        if (device) {
+            const std::size_t headroom = headroom_on(headroom_, device->total);
+            const std::size_t budget = device->free > headroom ? device->free - headroom : 0;
+            d = "device budget " + bytes_text(budget) + " = free on the device " + bytes_text(device->free) +
+                " (of " + bytes_text(device->total) + ") - headroom " + bytes_text(headroom) + headroom_origin() +
+                (request > budget ? ": the request does not fit in it" : "");
+        } else if (capacity_ != 0) {
+            const std::size_t budget = capacity_budget();
+            d = "device budget " + bytes_text(budget) + " = capacity " + bytes_text(capacity_) + " - headroom " +
+                bytes_text(headroom_on(headroom_, capacity_)) + headroom_origin() + ", the pool holds " +
+                bytes_text(reserved) +
+                (reserved > budget || request > budget - reserved ? ": the request does not fit in it" : "");
+        }
+        if (maximum != SIZE_MAX) {
+            d += (d.empty() ? "" : "; ") + std::string("maximum_size ") + bytes_text(maximum) + ", the pool holds " +
+                 bytes_text(reserved);
+        }
+        return d;
+    }
+
 private:
+    /// capacity - headroom, the bytes the pool may hold on a device of known capacity.
+    [[nodiscard]] std::size_t capacity_budget() const noexcept {
+        const std::size_t headroom = headroom_on(headroom_, capacity_);
+        return capacity_ > headroom ? capacity_ - headroom : 0;
+    }
+    [[nodiscard]] const char* headroom_origin() const noexcept {
+        return headroom_ == automatic_headroom ? " (device_headroom's default: an eighth of the device, at most 1 GiB)"
+                                               : " (pool_options::device_headroom)";
+    }
+
     std::size_t step_;
     std::size_t divisor_;
     std::size_t maximum_;
@@ -126,10 +192,12 @@ public:
     /// Whether a pool holding `reserved` bytes may take `n` more now. What the upstream retains
     /// counts as free: the pool's next memory comes from it first.
     [[nodiscard]] bool allows(std::size_t n, std::size_t reserved) const {
-        std::optional<device_memory> device;
-        if (memory_info_ != nullptr) device = memory_info_(device_);
-        if (device) device->free = std::min(device->total, device->free + upstream_retained());
-        return rule_.allows(n, reserved, device, maximum_.load(std::memory_order_relaxed));
+        return rule_.allows(n, reserved, device_memory_now(), maximum_.load(std::memory_order_relaxed));
+    }
+    /// The limits that stopped a request of `request` bytes of a pool holding `reserved`, for
+    /// out_of_memory (growth_rule::describe_limits).
+    [[nodiscard]] std::string describe_limits(std::size_t request, std::size_t reserved) const {
+        return rule_.describe_limits(request, reserved, device_memory_now(), maximum_.load(std::memory_order_relaxed));
     }
     /// From now on the pool may hold at most `bytes` (in place of options.maximum_size).
     void set_maximum(std::size_t bytes) noexcept { maximum_.store(bytes, std::memory_order_relaxed); }
@@ -156,6 +224,15 @@ public:
     }
 
 private:
+    /// The device's memory now (options.memory_info), what the upstream retains counted as free;
+    /// nothing when the pool cannot ask.
+    [[nodiscard]] std::optional<device_memory> device_memory_now() const {
+        std::optional<device_memory> device;
+        if (memory_info_ != nullptr) device = memory_info_(device_);
+        if (device) device->free = std::min(device->total, device->free + upstream_retained());
+        return device;
+    }
+
     Upstream& upstream_;
     growth_rule rule_;
     memory_info_function memory_info_;

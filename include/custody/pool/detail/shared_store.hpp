@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace custody::pool::detail {
@@ -238,6 +239,11 @@ public:
     [[nodiscard]] bool may_take(std::size_t n) const { return growth_.may_take(n); }
     /// From now on the pool may hold at most `bytes` (in place of options.maximum_size).
     void set_maximum(std::size_t bytes) noexcept { growth_.set_maximum(bytes); }
+
+    /// The limits that stopped a request of `bytes`, for out_of_memory (growth_rule::describe_limits).
+    [[nodiscard]] std::string describe_limits(std::size_t bytes) const {
+        return growth_.budget().describe_limits(bytes, growth_.reserved());
+    }
 
 private:
     taken_block take_locked(block_kind kind, std::size_t size, std::size_t alignment, bool with_tail) {

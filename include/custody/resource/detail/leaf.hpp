@@ -8,7 +8,6 @@
 #include <custody/core/statistics.hpp>
 
 #include <cstddef>
-#include <string>
 
 namespace custody::resource::detail {
 
