@@ -160,41 +160,16 @@ TEST_CASE("class lists: blocks given back before a record are covered, those aft
     lists.push(3, 0x3000); // after the record
     CHECK(lists.covered(3) == 2);
     CHECK(lists.count(detail::which_blocks::all) == 3);
-    CHECK(lists.count(detail::which_blocks::idle) == 2);
+    CHECK(lists.count(detail::which_blocks::covered) == 2);
     // The newest covered block is the second, not the uncovered third.
-    CHECK(lists.newest_covered(3, 256, detail::which_blocks::idle) == 0x2000);
-    CHECK(lists.take_newest_covered(3, 256, detail::which_blocks::idle) == 0x2000);
+    CHECK(lists.newest_covered(3, 256) == 0x2000);
+    CHECK(lists.take_newest_covered(3, 256) == 0x2000);
     CHECK(lists.covered(3) == 1);
     // Popping (the stream's own reuse) takes the newest, covered or not.
     CHECK(lists.pop(3, 256) == 0x3000);
     CHECK(lists.pop(3, 256) == 0x1000);
     CHECK(lists.covered(3) == 0);
     CHECK(lists.pop(3, 256) == 0);
-}
-
-TEST_CASE("class lists: the blocks of a size its stream reuses stay with it, the others go to other streams",
-          "[pool][classes]") {
-    detail::class_lists lists;
-    lists.push(4, 0x4000);
-    lists.push(6, 0x6000);
-    lists.on_record();
-    CHECK(lists.count(4, detail::which_blocks::idle) == 1); // covered, and the stream has not taken from the list
-    std::uintptr_t a = 0;
-    REQUIRE(lists.try_pop(4, a)); // the stream reuses size 4 ...
-    lists.push(4, a);             // ... and gives the block back
-    lists.on_record();
-    CHECK(lists.covered(4) == 1);
-    CHECK(lists.count(4, detail::which_blocks::idle) == 0); // reused since the record before last: it stays
-    CHECK(lists.count(4, detail::which_blocks::covered) == 1); // ... unless the pool cannot grow
-    CHECK(lists.newest_covered(4, 256, detail::which_blocks::idle) == 0);
-    CHECK(lists.take_newest_covered(4, 256, detail::which_blocks::idle) == 0);
-    CHECK(lists.count(6, detail::which_blocks::idle) == 1); // never reused: other streams may take it
-    CHECK(lists.count(detail::which_blocks::idle) == 1);
-    lists.on_record();
-    CHECK(lists.count(4, detail::which_blocks::idle) == 1); // two records after the reuse: no longer
-    std::vector<std::uintptr_t> taken;
-    lists.take(detail::which_blocks::idle, [&](std::uintptr_t address, std::size_t) { taken.push_back(address); });
-    CHECK(taken == std::vector<std::uintptr_t>{0x4000, 0x6000});
 }
 
 TEST_CASE("class lists: alignment is honoured and taking the covered blocks leaves the others uncovered",
@@ -208,15 +183,15 @@ TEST_CASE("class lists: alignment is honoured and taking the covered blocks leav
     lists.on_record();
     lists.push(7, 0xC000);
     std::vector<std::uintptr_t> taken;
-    lists.take(detail::which_blocks::idle, [&](std::uintptr_t a, std::size_t size) {
+    lists.take(detail::which_blocks::covered, [&](std::uintptr_t a, std::size_t size) {
         taken.push_back(a);
         CHECK(size == detail::class_size(a == 0xB000 ? 9 : 7));
     });
     CHECK(taken == std::vector<std::uintptr_t>{0xA000, 0xB000});
     CHECK(lists.count(detail::which_blocks::all) == 1);
-    CHECK(lists.count(detail::which_blocks::idle) == 0); // 0xC000 came after the record
+    CHECK(lists.count(detail::which_blocks::covered) == 0); // 0xC000 came after the record
     lists.on_record();
-    CHECK(lists.count(detail::which_blocks::idle) == 1);
+    CHECK(lists.count(detail::which_blocks::covered) == 1);
     CHECK(lists.largest() == detail::class_size(7));
 }
 
@@ -233,7 +208,7 @@ TEST_CASE("class lists: a block given back in the current epoch is never covered
     CHECK(lists.covered(2) == 1);
     lists.push(2, 0x3000);
     CHECK(lists.covered(2) == 1); // 0x3000 came after the record
-    CHECK(lists.newest_covered(2, 256, detail::which_blocks::idle) == 0x2000);
+    CHECK(lists.newest_covered(2, 256) == 0x2000);
     // Tags come round every 256 records: blocks held then are relabelled, so an old block never
     // looks given back in the current epoch, and a new one always does.
     detail::class_lists again;

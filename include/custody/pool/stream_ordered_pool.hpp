@@ -700,7 +700,6 @@ private:
         std::size_t owed = r.bytes;
         if (sh != nullptr) {
             std::lock_guard lock(sh->mutex);
-            sh->mark_used(r);
             owed = sh->charge(r.bytes);
         }
         slow_.allocated(r.size, sh != nullptr ? 0 : r.bytes);

@@ -20,8 +20,6 @@ inline constexpr std::uintptr_t tag_mask = granule - 1;
 enum class which_blocks : unsigned char {
     all,     ///< every block (the stream's own use, the last resort)
     covered, ///< those given back before the stream's last record: idle once its event completes
-    idle,    ///< the covered blocks of the sizes the stream is not reusing (see class_lists): what
-             ///< other streams take before the pool grows; `covered` only once it cannot
 };
 
 /// One size class's free blocks in a shard, newest last: a stack of tagged addresses in storage of
@@ -34,7 +32,6 @@ enum class which_blocks : unsigned char {
 ///   covered(tag) = size_ - the length of the run of entries tagged `tag` at the top: every block
 ///   below that run was given back before the last record (the owner relabels its blocks before
 ///   a tag comes round again, see class_lists::on_record)
-///   used_ = the epoch in which the owner last asked for a block of the list's size
 /// Thread safety: none; the shard's lock guards it.
 class alignas(32) class_list {
 public:
@@ -64,34 +61,24 @@ public:
         return true;
     }
 
-    /// Removes the newest block into `address` for its owner, in `epoch`; false when the list is
-    /// empty. O(1).
-    [[nodiscard, gnu::always_inline]] bool try_pop(std::uintptr_t& address, std::uint32_t epoch) noexcept {
+    /// Removes the newest block into `address`; false when the list is empty. O(1).
+    [[nodiscard, gnu::always_inline]] bool try_pop(std::uintptr_t& address) noexcept {
         if (size_ == 0) [[unlikely]] return false;
         address = blocks_[--size_] & ~tag_mask;
-        used_ = epoch;
         return true;
     }
-
-    /// The owner took a block from the list in `epoch` or the one before: it is reusing this size,
-    /// so its blocks serve it rather than other streams.
-    [[nodiscard]] bool in_use(std::uint32_t epoch) const noexcept { return used_ != never && epoch - used_ <= 1; }
-
-    /// The owner asked for a block of this size in `epoch` (from elsewhere, the list being empty):
-    /// it counts as reusing the size as well.
-    void mark_used(std::uint32_t epoch) noexcept { used_ = epoch; }
 
     /// Labels every block with `tag` (at a record: every block is covered then).
     void relabel(std::uintptr_t tag) noexcept {
         for (std::uint32_t i = 0; i < size_; ++i) blocks_[i] = (blocks_[i] & ~tag_mask) | tag;
     }
 
-    /// Removes and returns the newest block for its owner, in `epoch`, when it starts at a
-    /// multiple of `alignment`; 0 when the list is empty or that block is not so aligned. O(1).
-    [[nodiscard]] std::uintptr_t pop(std::size_t alignment, std::uint32_t epoch) noexcept {
+    /// Removes and returns the newest block when it starts at a multiple of `alignment`; 0 when
+    /// the list is empty or that block is not so aligned. O(1).
+    [[nodiscard]] std::uintptr_t pop(std::size_t alignment) noexcept {
         std::uintptr_t address = 0;
         if (size_ == 0 || ((blocks_[size_ - 1] & ~tag_mask) & (alignment - 1)) != 0) return 0;
-        return try_pop(address, epoch) ? address : 0;
+        return try_pop(address) ? address : 0;
     }
 
     /// How many of the blocks are covered (the oldest ones). O(blocks given back since the record).
@@ -142,8 +129,6 @@ private:
     std::uintptr_t* blocks_ = nullptr;
     std::uint32_t size_ = 0;
     std::uint32_t capacity_ = 0;
-    static constexpr std::uint32_t never = UINT32_MAX; ///< used_ of a list its owner never took from
-    std::uint32_t used_ = never;
 };
 
 /// A shard's lists, one per size class (list c holds blocks of class_size(c) bytes), and its
@@ -154,11 +139,6 @@ private:
 /// carries the current tag but those given back in the current epoch. A record is O(1) but once
 /// every 128 records, which relabels every block held (all covered then) with a tag of the other
 /// half of the 256, which the current tag does not reach before the next relabelling.
-/// Which blocks other streams take before the pool grows (which_blocks::idle): the covered blocks
-/// of the lists their owner is not reusing (class_list::in_use). Memory a stream allocates again
-/// and again stays with it, rather than going to another stream and being taken back (four
-/// streams of one thread taking turns over one block each would otherwise take each other's block
-/// at every call); memory it only gives back (a consumer's, a copy stream's) goes at once.
 /// Thread safety: none; the shard's lock guards it. Memory: 2.3 KiB without blocks.
 class class_lists {
 public:
@@ -178,29 +158,24 @@ public:
     /// Takes the newest block of class `c` (alignment at most the granule) into `address`; false
     /// when there is none.
     [[nodiscard, gnu::always_inline]] bool try_pop(std::size_t c, std::uintptr_t& address) noexcept {
-        return lists_[c].try_pop(address, epoch_);
+        return lists_[c].try_pop(address);
     }
     /// Takes the newest block of class `c` when aligned (see class_list::pop); 0 otherwise.
     [[nodiscard]] std::uintptr_t pop(std::size_t c, std::size_t alignment) noexcept {
-        return lists_[c].pop(alignment, epoch_);
+        return lists_[c].pop(alignment);
     }
     /// How many blocks of class `c` are covered.
     [[nodiscard]] std::size_t covered(std::size_t c) const noexcept { return lists_[c].covered(tag_); }
     /// How many blocks of class `c` `which` means (the oldest ones).
     [[nodiscard]] std::size_t count(std::size_t c, which_blocks which) const noexcept {
-        if (which == which_blocks::all) return lists_[c].size();
-        if (which == which_blocks::idle && lists_[c].in_use(epoch_)) return 0;
-        return lists_[c].covered(tag_);
+        return which == which_blocks::all ? lists_[c].size() : lists_[c].covered(tag_);
     }
-    /// The newest covered block of class `c` (and idle when `which` says so), when aligned; 0
-    /// otherwise.
-    [[nodiscard]] std::uintptr_t newest_covered(std::size_t c, std::size_t alignment, which_blocks which) const noexcept {
-        if (which == which_blocks::idle && lists_[c].in_use(epoch_)) return 0;
+    /// The newest covered block of class `c`, when aligned; 0 otherwise.
+    [[nodiscard]] std::uintptr_t newest_covered(std::size_t c, std::size_t alignment) const noexcept {
         return lists_[c].newest_covered(tag_, alignment);
     }
-    /// Takes newest_covered(c, alignment, which); 0 otherwise.
-    [[nodiscard]] std::uintptr_t take_newest_covered(std::size_t c, std::size_t alignment, which_blocks which) noexcept {
-        if (which == which_blocks::idle && lists_[c].in_use(epoch_)) return 0;
+    /// Takes newest_covered(c, alignment); 0 otherwise.
+    [[nodiscard]] std::uintptr_t take_newest_covered(std::size_t c, std::size_t alignment) noexcept {
         return lists_[c].take_newest_covered(tag_, alignment);
     }
 
@@ -217,9 +192,6 @@ public:
             for (auto& list : lists_) list.relabel(tag_ ^ half);
         }
     }
-
-    /// The owner asked for a block of class `c` that the list did not have (see class_list::in_use).
-    void mark_used(std::size_t c) noexcept { lists_[c].mark_used(epoch_); }
 
     /// The number of blocks `which` means.
     [[nodiscard]] std::size_t count(which_blocks which) const noexcept {

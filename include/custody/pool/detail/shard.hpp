@@ -64,8 +64,6 @@ struct alignas(64) shard {
     per_kind<free_set> spans;
     recent_blocks recent; ///< the large blocks given back most recently
     std::uint32_t slow_users = 0; ///< slow paths in progress on this shard (it is not retired meanwhile)
-    static constexpr std::uint32_t never = UINT32_MAX;
-    std::uint32_t recent_used = never; ///< the epoch of the last take from recent
 
     // ---- accounting ----
 
@@ -95,15 +93,6 @@ struct alignas(64) shard {
         counts.live_bytes -= static_cast<std::int64_t>(bytes);
         credit.add(bytes);
         return stored(size, record_bytes) || last;
-    }
-    /// The stream asked for a block of `r`'s size from elsewhere than its lists: it counts as
-    /// reusing the size (see class_lists), so that its blocks of it stay with it.
-    void mark_used(request r) noexcept {
-        if (r.small()) {
-            classes.mark_used(r.size_class);
-        } else {
-            recent_used = classes.epoch();
-        }
     }
     /// Adds `bytes` to the stream's live bytes; returns what its credit did not cover.
     [[nodiscard]] std::size_t charge(std::size_t bytes) noexcept {
@@ -148,19 +137,12 @@ struct alignas(64) shard {
     /// Takes a recent large block of exactly `size` bytes at `alignment`; 0 when none fits.
     [[nodiscard]] std::uintptr_t take_recent(std::size_t size, std::size_t alignment) noexcept {
         const std::uintptr_t address = recent.take_exact(size, alignment);
-        if (address != 0) {
-            cached -= size;
-            recent_used = classes.epoch();
-        }
+        if (address != 0) cached -= size;
         return address;
     }
-    /// The stream took one of its recent blocks in this epoch or the one before: it is reusing
-    /// them, so they serve it rather than other streams (see class_lists).
-    [[nodiscard]] bool recent_in_use() const noexcept { return recent_used != never && classes.epoch() - recent_used <= 1; }
     /// How many recent blocks `which` means (the oldest ones).
     [[nodiscard]] std::size_t recent_count(which_blocks which) const noexcept {
-        if (which == which_blocks::all) return recent.size();
-        return which == which_blocks::idle && recent_in_use() ? 0 : recent.covered();
+        return which == which_blocks::all ? recent.size() : recent.covered();
     }
     // ---- moving blocks between the shard's structures ----
 
@@ -232,7 +214,6 @@ struct alignas(64) shard {
         counts = {};
         to_record = record_interval;
         uncovered_bytes = 0;
-        recent_used = never;
         key.store(k, std::memory_order_release);
     }
 
