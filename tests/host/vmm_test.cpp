@@ -7,6 +7,7 @@
 #include <custody/resource/virtual_reservation.hpp>
 
 #include "../support/failure_log.hpp"
+#include "../support/host_pages.hpp"
 #include "../support/faulty_platform.hpp"
 #include "../support/faulty_vmm.hpp"
 #include "../support/vmm_checks.hpp"
@@ -19,10 +20,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <numeric>
 #include <random>
-#include <sstream>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -47,29 +46,8 @@ namespace {
 
 const std::size_t page = vmm::page_size();
 
-/// The permissions /proc/self/maps gives the page at `p` ("rw-p", "---p"), or "" if unmapped.
-std::string protection(const void* p) {
-    std::ifstream maps("/proc/self/maps");
-    const auto at = reinterpret_cast<std::uintptr_t>(p);
-    for (std::string line; std::getline(maps, line);) {
-        std::istringstream fields(line);
-        std::string range;
-        std::string perms;
-        fields >> range >> perms;
-        const auto dash = range.find('-');
-        const std::uintptr_t lo = std::stoull(range.substr(0, dash), nullptr, 16);
-        const std::uintptr_t hi = std::stoull(range.substr(dash + 1), nullptr, 16);
-        if (lo <= at && at < hi) return perms;
-    }
-    return "";
-}
-
-/// How many pages of [p, p+n) are in memory (mincore).
-std::size_t resident_pages(const void* p, std::size_t n) {
-    std::vector<unsigned char> in(n / page);
-    REQUIRE(::mincore(const_cast<void*>(p), n, in.data()) == 0);
-    return static_cast<std::size_t>(std::count_if(in.begin(), in.end(), [](unsigned char c) { return (c & 1) != 0; }));
-}
+using custody_test::host_pages::protection;
+using custody_test::host_pages::resident_pages;
 
 using held = custody::test::vmm_holding;
 held holding() { return custody::test::vmm_held(); }

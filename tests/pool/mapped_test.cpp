@@ -8,6 +8,7 @@
 #include <custody/resource/virtual_memory.hpp>
 
 #include "../support/catch.hpp"
+#include "../support/host_pages.hpp"
 #include "support.hpp"
 
 #include <sys/mman.h>
@@ -43,17 +44,7 @@ pool_options unchecked() {
     return o;
 }
 
-/// How many of the pages that lie wholly inside [p, p + n) are in memory (mincore): what the
-/// process really holds.
-std::size_t resident_pages(const void* p, std::size_t n) {
-    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    const std::uintptr_t first = custody::align_up(reinterpret_cast<std::uintptr_t>(p), page);
-    const std::uintptr_t last = custody::align_down(reinterpret_cast<std::uintptr_t>(p) + n, page);
-    if (last <= first) return 0;
-    std::vector<unsigned char> in((last - first) / page);
-    REQUIRE(::mincore(reinterpret_cast<void*>(first), last - first, in.data()) == 0);
-    return static_cast<std::size_t>(std::count_if(in.begin(), in.end(), [](unsigned char c) { return (c & 1) != 0; }));
-}
+using custody_test::host_pages::resident_pages;
 
 /// Whether a block of `live` overlaps the granule at `g`.
 bool touched(const std::map<std::uintptr_t, std::size_t>& live, std::uintptr_t g) {

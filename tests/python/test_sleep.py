@@ -8,7 +8,7 @@ import mmap
 
 import pytest
 
-from conftest import run_python
+from conftest import cuda_torch_missing, run_python
 
 import custody
 from custody import sleepable
@@ -110,18 +110,7 @@ def test_custody_torch_sleep_and_wake_keep_a_tensor_over_sleepable_memory(host_l
     sleepable.free(cache_address, size, lib=host_lib)
 
 
-def _cuda_ready():
-    if importlib.util.find_spec("torch") is None:
-        return "PyTorch is not installed"
-    if custody.library().platform != "cuda":
-        return "CUSTODY_LIBRARY is not the CUDA build"
-    done = run_python("import torch; print(torch.cuda.is_available())", check=False)
-    if done.stdout.strip() != "True":
-        return "no CUDA device"
-    return None
-
-
-@pytest.mark.skipif(_cuda_ready() is not None, reason=str(_cuda_ready()))
+@pytest.mark.skipif(cuda_torch_missing() is not None, reason=str(cuda_torch_missing()))
 def test_on_a_gpu_tensors_in_sleepable_pools_give_their_memory_back_and_keep_their_addresses():
     run_python("""
 import torch, custody.torch as ct

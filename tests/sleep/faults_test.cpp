@@ -4,7 +4,7 @@
 // they were (strong guarantee); a step that cannot be undone (an unmap, a wait after the fence) is
 // reported and counted, and the wake after it still gives the right contents back.
 #include "faulty_sleep.hpp"
-#include "host_pages.hpp"
+#include "../support/host_pages.hpp"
 #include "sleep_cases.hpp"
 
 #include "../support/failure_log.hpp"

@@ -5,7 +5,7 @@
 // platform holds equal the model's exactly; blocks read back their cookie, or zeros after a
 // discarding sleep.
 #include "faulty_sleep.hpp"
-#include "host_pages.hpp"
+#include "../support/host_pages.hpp"
 #include "sleep_cases.hpp"
 
 #include "../support/vmm_checks.hpp"

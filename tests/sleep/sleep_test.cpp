@@ -8,7 +8,7 @@
 #include <custody/sleep/sleepable_memory.hpp>
 #include <custody/staging/staging_ring.hpp>
 
-#include "host_pages.hpp"
+#include "../support/host_pages.hpp"
 #include "sleep_cases.hpp"
 
 #include "../support/catch.hpp"
