@@ -218,7 +218,7 @@ public:
             save_contents(plan, backups);
             plan.marks.front().synchronize(); // the fence: nothing on the blocks' streams uses them now
         } catch (...) {
-            abandon_copies(plan, backups);
+            undo_sleep(plan, backups);
             throw;
         }
         release_memory(plan, backups);
@@ -387,9 +387,22 @@ private:
         plan.marks.back().record(stream_);
     }
 
-    /// After a failed sleep, copies out may still be running on the resource's stream: their host
-    /// memory is given back in that stream's order, and the stream becomes a use of each block of
-    /// the plan, so that freeing one waits for them too (room was reserved by plan_sleep).
+    /// After a failed sleep, copies out may still be running on the resource's stream, reading the
+    /// owners' blocks: waits for them, so that nothing of the sleep touches the blocks once it has
+    /// thrown, and gives their host memory back. When that wait fails too (reported), abandons them.
+    void undo_sleep(const sleep_plan& plan, const std::vector<std::byte*>& backups) noexcept {
+        if (!run_exit_tolerant<platform_type>("sleepable_memory: waiting for a failed sleep's copies",
+                                              [&] { platform_type::synchronize(stream_); })) {
+            abandon_copies(plan, backups);
+            return;
+        }
+        for (std::size_t i = 0; i < backups.size(); ++i) {
+            if (backups[i] != nullptr) backing_.deallocate(stream_, backups[i], plan.blocks[i]->bytes, backup_alignment);
+        }
+    }
+    /// Copies out that may still be running on the resource's stream: their host memory is given
+    /// back in that stream's order, and the stream becomes a use of each block of the plan, so that
+    /// freeing one waits for them too (room was reserved by plan_sleep).
     void abandon_copies(const sleep_plan& plan, const std::vector<std::byte*>& backups) noexcept {
         for (std::size_t i = 0; i < backups.size(); ++i) abandon_copy(*plan.blocks[i], backups[i]);
     }
