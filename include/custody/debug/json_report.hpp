@@ -39,6 +39,7 @@ namespace custody::debug {
     detail::write_live(w, r);
     detail::write_violations(w, r);
     detail::write_timeline(w, r);
+    detail::write_trends(w, r);
     w.end_object();
     std::string text = w.take();
     text += '\n';
@@ -66,8 +67,8 @@ inline void write_json_report(const rank_report& r, const std::string& path) {
 
 /// Reads a report from JSON text. `file` only names it in errors. Reads what the merge tool needs:
 /// rank, tracker, platform, times, totals, the upstream's usage (optional: reports written before
-/// it existed have none), owners, devices, live groups, violation kinds and details, and the
-/// timeline. Integers read exactly, each within its field's range (an int field
+/// it existed have none), owners, devices, live groups, violation kinds and details, the timeline
+/// and the trends (optional, as the upstream). Integers read exactly, each within its field's range (an int field
 /// within int, a count within size_t, the schema's minimums). Throws report_error (truncated or
 /// malformed), naming the field for a wrong one.
 [[nodiscard]] inline rank_report parse_rank_report(std::string_view text, const std::string& file = {}) {
@@ -101,6 +102,7 @@ inline void write_json_report(const rank_report& r, const std::string& path) {
     detail::read_live(f, doc, r);
     detail::read_violations(f, doc, r);
     detail::read_timeline(f, doc, r);
+    detail::read_trends(f, doc, r);
     return r;
 }
 

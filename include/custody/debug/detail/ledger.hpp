@@ -49,17 +49,21 @@ struct site_record {
     return s;
 }
 
-/// The live memory of one owner. Invariant: bytes <= peak.
+/// The live memory of one owner. Invariants: low <= bytes <= high <= peak.
 struct owner_totals {
     std::size_t bytes = 0;
     std::size_t count = 0;
     std::size_t peak = 0; ///< max over time of bytes
+    std::size_t low = 0;  ///< min of bytes since the last trend sample (take_extremes)
+    std::size_t high = 0; ///< max of bytes since the last trend sample
 };
 
-/// The live memory of one device.
+/// The live memory of one device. Invariant: low <= bytes <= high.
 struct device_totals {
     std::size_t bytes = 0;
     std::size_t count = 0;
+    std::size_t low = 0;  ///< min of bytes since the last trend sample (take_extremes)
+    std::size_t high = 0; ///< max of bytes since the last trend sample
 };
 
 /// The streams a live block is used on, and an ordering the caller declared before its free.
@@ -174,8 +178,10 @@ public:
         o.bytes += a.shape.bytes;
         ++o.count;
         o.peak = std::max(o.peak, o.bytes);
+        o.high = std::max(o.high, o.bytes);
         d.bytes += a.shape.bytes;
         ++d.count;
+        d.high = std::max(d.high, d.bytes);
         return r;
     }
 
@@ -216,9 +222,11 @@ public:
         stats_.reserved_bytes -= r.total;
         r.totals->bytes -= r.bytes;
         --r.totals->count;
+        r.totals->low = std::min(r.totals->low, r.totals->bytes);
         device_totals& d = devices_[static_cast<std::size_t>(r.allocated.device + 1)];
         d.bytes -= r.bytes;
         --d.count;
+        d.low = std::min(d.low, d.bytes);
         if (freed_ring_.empty()) {
             blocks_.erase(e.first);
             return;
@@ -265,6 +273,22 @@ public:
         const auto slot = static_cast<std::size_t>(device + 1);
         return slot < devices_.size() ? devices_[slot] : device_totals{};
     }
+    /// Calls owner(id, low, high) for every owner and device(device, low, high) for every device
+    /// slot (some may never have held memory: all zeros), with their least and most live bytes since the previous call, and
+    /// starts the next interval at their bytes now. O(owners + devices).
+    template <class Owner, class Device>
+    void take_extremes(Owner&& owner, Device&& device) {
+        for (auto& [id, o] : owners_) {
+            owner(id, o.low, o.high);
+            o.low = o.high = o.bytes;
+        }
+        for (std::size_t i = 0; i < devices_.size(); ++i) {
+            device_totals& d = devices_[i];
+            device(static_cast<int>(i) - 1, d.low, d.high);
+            d.low = d.high = d.bytes;
+        }
+    }
+
     /// The devices with live memory (or a count), by device.
     [[nodiscard]] std::vector<device_usage> device_usages() const {
         std::vector<device_usage> usages;

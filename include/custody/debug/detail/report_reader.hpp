@@ -9,11 +9,13 @@
 #include <custody/debug/report_error.hpp>
 
 #include <cerrno>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -64,6 +66,27 @@ public:
         const json::value& v = member(o, key, where);
         if (!v.is_string()) fail(std::string(where) + "." + std::string(key) + " is not a string");
         return v.as_string();
+    }
+    /// The number member `key` as a finite double, at least `least`; null gives nothing when
+    /// `nullable`.
+    std::optional<double> number(const json::value& o, std::string_view key, std::string_view where, double least,
+                                 bool nullable = false) const {
+        const json::value& v = member(o, key, where);
+        if (nullable && v.is_null()) return std::nullopt;
+        const std::string field = std::string(where) + "." + std::string(key);
+        if (!v.is_number()) fail(field + " is a JSON " + std::string(v.type_name()) + ", not a number");
+        const double x = v.as_number();
+        if (!std::isfinite(x) || x < least) {
+            json::writer shown;
+            shown.write(v);
+            fail(field + " = " + shown.str() + (std::isfinite(x) ? " is below " + std::to_string(least) : " is out of range"));
+        }
+        return x;
+    }
+    bool boolean(const json::value& o, std::string_view key, std::string_view where) const {
+        const json::value& v = member(o, key, where);
+        if (!v.is_bool()) fail(std::string(where) + "." + std::string(key) + " is not true or false");
+        return v.as_bool();
     }
     const json::array& array(const json::value& o, std::string_view key, std::string_view where) const {
         const json::value& v = member(o, key, where);
@@ -217,6 +240,42 @@ inline void read_timeline(const field_reader& f, const json::value& doc, rank_re
             t.owners.emplace_back(name, f.checked<std::size_t>(bytes, "timeline[].owners['" + json::excerpt(name) + "']"));
         }
         r.timeline.push_back(std::move(t));
+    }
+}
+
+/// Reads one owner's or device's trend (`where` names it in errors).
+inline trend read_trend(const field_reader& f, const json::value& v, std::string_view where) {
+    constexpr int int_max = std::numeric_limits<int>::max();
+    trend t;
+    t.owner = f.string(v, "owner", where);
+    t.device = f.integer<int>(v, "device", where, -1, int_max);
+    t.samples = f.integer<std::uint64_t>(v, "samples", where);
+    t.floor_bytes = f.count(v, "floor_bytes", where);
+    t.rising = f.boolean(v, "rising", where);
+    t.alarms = f.integer<std::uint64_t>(v, "alarms", where);
+    t.bytes_per_step = *f.number(v, "bytes_per_step", where, -std::numeric_limits<double>::max());
+    t.bytes_per_second = f.number(v, "bytes_per_second", where, -std::numeric_limits<double>::max(), true);
+    t.confidence = *f.number(v, "confidence", where, 0);
+    if (t.confidence > 1) f.fail(std::string(where) + ".confidence is above 1");
+    t.rise_began = f.integer<std::uint64_t>(v, "rise_began", where);
+    t.rise_began_unix_ns = f.integer<std::int64_t>(v, "rise_began_unix_ns", where);
+    t.leaked_bytes = f.count(v, "leaked_bytes", where);
+    t.steps_left = f.number(v, "steps_left", where, 0, true);
+    t.seconds_left = f.number(v, "seconds_left", where, 0, true);
+    return t;
+}
+
+/// Reads the report's "trends" member: absent (a report from before it existed) is none.
+inline void read_trends(const field_reader& f, const json::value& doc, rank_report& r) {
+    const json::value* v = doc.find("trends");
+    if (v == nullptr) return;
+    r.trends.samples = f.integer<std::uint64_t>(*v, "samples", "trends");
+    if (const json::value& budget = f.member(*v, "budget_bytes", "trends"); !budget.is_null()) {
+        r.trends.budget_bytes = f.checked<std::size_t>(budget, "trends.budget_bytes");
+    }
+    for (const json::value& t : f.array(*v, "owners", "trends")) r.trends.owners.push_back(read_trend(f, t, "trends.owners[]"));
+    for (const json::value& t : f.array(*v, "devices", "trends")) {
+        r.trends.devices.push_back(read_trend(f, t, "trends.devices[]"));
     }
 }
 

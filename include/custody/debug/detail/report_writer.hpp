@@ -11,7 +11,10 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 
 namespace custody::debug::detail {
 
@@ -203,6 +206,51 @@ inline void write_timeline(json::writer& w, const rank_report& r) {
         w.end_object();
     }
     w.end_array();
+}
+
+/// A number that may be unknown: the value, or null.
+inline void write_optional(json::writer& w, std::string_view key, const std::optional<double>& v) {
+    w.key(key);
+    if (v) w.number(*v);
+    else w.null();
+}
+
+/// One owner's or device's trend.
+inline void write_trend(json::writer& w, const trend& t) {
+    w.begin_object();
+    w.field("owner", t.owner);
+    w.field("device", t.device);
+    w.field("samples", t.samples);
+    w.field("floor_bytes", static_cast<std::uint64_t>(t.floor_bytes));
+    w.field("rising", t.rising);
+    w.field("alarms", t.alarms);
+    w.field("bytes_per_step", t.bytes_per_step);
+    write_optional(w, "bytes_per_second", t.bytes_per_second);
+    w.field("confidence", t.confidence);
+    w.field("rise_began", t.rise_began);
+    w.field("rise_began_unix_ns", static_cast<std::int64_t>(t.rise_began_unix_ns));
+    w.field("leaked_bytes", static_cast<std::uint64_t>(t.leaked_bytes));
+    write_optional(w, "steps_left", t.steps_left);
+    write_optional(w, "seconds_left", t.seconds_left);
+    w.end_object();
+}
+
+/// The report's "trends" member: the samples, the budget (null when unknown), and the trend of
+/// every owner and device.
+inline void write_trends(json::writer& w, const rank_report& r) {
+    w.key("trends");
+    w.begin_object();
+    w.field("samples", r.trends.samples);
+    w.key("budget_bytes");
+    if (r.trends.budget_bytes) w.number(static_cast<std::uint64_t>(*r.trends.budget_bytes));
+    else w.null();
+    for (const auto& [name, list] : {std::pair{"owners", &r.trends.owners}, std::pair{"devices", &r.trends.devices}}) {
+        w.key(name);
+        w.begin_array();
+        for (const trend& t : *list) write_trend(w, t);
+        w.end_array();
+    }
+    w.end_object();
 }
 
 } // namespace custody::debug::detail
