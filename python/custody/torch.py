@@ -44,7 +44,7 @@ from ._library import OUT_OF_MEMORY_MARK, CustodyError, library, library_path
 from .ranks import claim_device, rank_info
 from .torch_sleep import (CaptureOpenError, OwnerAsleepError, OwnerAwakeError, SleepError, is_asleep,
                           release_host_memory, sleep, sleep_stats, sleepable, sleepable_pool, wake)
-from .tracking import LeakWatch, diff, owner, snapshot, write_report
+from .tracking import LeakWatch, configure_tracking, diff, owner, snapshot, write_report
 
 __all__ = ["enable", "enabled", "memory_stats", "memory_summary", "oom_as_torch_error", "on_out_of_memory",
            "TooLateError", "owner", "snapshot", "diff", "LeakWatch", "write_report", "mem_pool", "mem_pool_stats",
@@ -64,7 +64,7 @@ def enabled():
 
 
 def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=None, stacks=None,
-           library_file=None):
+           library_file=None, trend=None):
     """Makes custody PyTorch's CUDA allocator. Call it before anything touches CUDA (right after
     `import torch`): PyTorch cannot change allocators once CUDA is initialized, and this raises
     TooLateError then.
@@ -76,7 +76,10 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
     owner(), snapshot(), LeakWatch, write_report() and PyTorch-format memory snapshots;
     claim_device (default True): claim this rank's GPU so that a second rank on it fails at once,
     naming both ranks; stacks (default False): with tracking, keep each allocation's call stack
-    (native frames) for leak reports and snapshots. Each is overridden by its environment variable
+    (native frames) for leak reports and snapshots; trend: with tracking, the slow-leak forecast's
+    options (custody.configure_tracking's trend: a dict of every_allocations, window_samples,
+    levels, windows; each LeakWatch(trend=True).check() is a sample, and the rank's reports carry
+    every owner's trend). Each but trend is overridden by its environment variable
     (custody.options.ENVIRONMENT: CUSTODY_MAX_BYTES, CUSTODY_DEVICE_HEADROOM, CUSTODY_TRACKING,
     CUSTODY_CLAIM_DEVICE, CUSTODY_STACKS), for jobs launched by torchrun. Returns the options in
     force."""
@@ -98,7 +101,7 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
     for name in ("max_bytes", "device_headroom"):
         if chosen[name] is not None:
             lib.configure(name, chosen[name])
-    lib.configure("tracking", 1 if chosen["tracking"] else 0)
+    configure_tracking(bool(chosen["tracking"]), trend=trend, lib=lib)
     lib.configure("stacks", 1 if chosen["stacks"] else 0)
     allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "custody_torch_malloc", "custody_free")
     try:
