@@ -116,7 +116,10 @@ namespace detail {
     } else if (t->seconds_left) {
         return duration_text(*t->seconds_left);
     } else if (t->steps_left) {
-        std::snprintf(cell, sizeof cell, "%.0f steps", *t->steps_left);
+        const double n = *t->steps_left;
+        if (n < 1e5) std::snprintf(cell, sizeof cell, "%.0f steps", n);
+        else if (n < 1e8) std::snprintf(cell, sizeof cell, "%.1fM steps", n / 1e6);
+        else std::snprintf(cell, sizeof cell, "%.2g steps", n);
     } else {
         return "-";
     }
