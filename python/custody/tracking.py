@@ -180,12 +180,12 @@ class LeakWatch:
 
 def describe_trend(trend):
     """A trend (a report's trend dict) in one line: its rate, confidence, what leaked and the time
-    left ("+700 B a step (2.8 KiB/s, confidence 0.99999), 159093 B since sample 171, 1.2 h left")."""
+    left ("+700 B a step (28000 B/s, confidence 0.99999996), 159093 B since sample 171, 1.2 h left")."""
     text = "+%.0f B a step" % trend["bytes_per_step"]
     if trend["bytes_per_second"] is not None:
-        text += " (%.0f B/s, confidence %.5f)" % (trend["bytes_per_second"], trend["confidence"])
+        text += " (%.0f B/s, confidence %.8f)" % (trend["bytes_per_second"], trend["confidence"])
     else:
-        text += " (confidence %.5f)" % trend["confidence"]
+        text += " (confidence %.8f)" % trend["confidence"]
     text += ", %d B since sample %d" % (trend["leaked_bytes"], trend["rise_began"])
     if trend["seconds_left"] is not None:
         text += ", %s left" % _duration(trend["seconds_left"])
