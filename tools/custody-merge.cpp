@@ -159,12 +159,12 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "custody-merge: owner '%s' is imbalanced across ranks\n", o.c_str());
         }
         for (const auto& f : view.forecasts) {
-            std::string where = f.only_rank(view.world_size) ? "on rank " + std::to_string(*f.only_rank(view.world_size)) + " only"
-                                                             : "on " + std::to_string(f.rising_ranks) + " ranks";
+            const auto only = f.only_rank(view.world_size);
+            std::string where = only ? "on rank " + std::to_string(*only) + " only"
+                                     : "on " + std::to_string(f.rising.size()) + " ranks";
             if (f.first_out) {
-                const custody::debug::trend& t = *f.ranks[static_cast<std::size_t>(*f.first_out)];
                 where += "; rank " + std::to_string(*f.first_out) + " runs out first, in " +
-                         custody::debug::detail::forecast_cell(t, 2);
+                         custody::debug::detail::forecast_cell(f.at(*f.first_out), 2);
             }
             std::fprintf(stderr, "custody-merge: owner '%s' leaks slowly %s\n", f.owner.c_str(), where.c_str());
         }

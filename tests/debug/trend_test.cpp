@@ -346,12 +346,14 @@ TEST_CASE("the cross-rank forecast marks the rank that runs out first and an own
     REQUIRE(v.forecasts.size() == 2);
     const owner_forecast& kv = v.forecasts[0]; // runs out first: 200 B a step on rank 2
     CHECK(kv.owner == "kv");
-    CHECK(kv.rising_ranks == 2);
+    CHECK(kv.rising.size() == 2);
     CHECK(kv.first_out == 2);
     CHECK_FALSE(kv.only_rank(3));
-    CHECK_FALSE(kv.ranks[0].has_value()); // rank 0 has no such owner
-    CHECK(kv.ranks[1]->bytes_per_step == Approx(100.0));
-    CHECK(kv.ranks[2]->bytes_per_step == Approx(200.0));
+    CHECK(kv.at(0) == nullptr); // rank 0 has no such owner
+    REQUIRE(kv.at(1) != nullptr);
+    CHECK(kv.at(1)->bytes_per_step == Approx(100.0));
+    REQUIRE(kv.at(2) != nullptr);
+    CHECK(kv.at(2)->bytes_per_step == Approx(200.0));
     const owner_forecast& logits = v.forecasts[1];
     CHECK(logits.owner == "logits");
     CHECK(logits.only_rank(3) == 2);

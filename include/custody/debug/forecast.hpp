@@ -10,85 +10,77 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
+#include <map>
 #include <optional>
-#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace custody::debug {
 
 /// One owner whose floor rises on at least one rank.
-/// Invariants: ranks.size() == world size; first_out, when set, indexes a rank whose trend is rising.
+/// Invariants: `rising` is sorted by rank, one entry per rank, each trend rising; first_out, when
+/// set, is one of those ranks.
 struct owner_forecast {
     std::string owner;
-    std::vector<std::optional<trend>> ranks; ///< [rank]: the owner's trend there, when reported
-    std::optional<int> first_out;            ///< the rank whose time left is least (of those known)
-    int rising_ranks = 0;                    ///< ranks where its floor rises
+    std::vector<std::pair<int, trend>> rising; ///< (rank, the owner's trend there) where it rises
+    std::optional<int> first_out;              ///< the rank whose time left is least (of those known)
 
-    /// The rank it rises on, when it rises on exactly one of several ranks (seed of an imbalance
-    /// between GPUs: one rank leaks, the others do not).
+    /// The owner's trend on `rank` when it rises there, else nullptr.
+    [[nodiscard]] const trend* at(int rank) const noexcept {
+        const auto it = std::lower_bound(rising.begin(), rising.end(), rank,
+                                         [](const std::pair<int, trend>& e, int r) { return e.first < r; });
+        return it != rising.end() && it->first == rank ? &it->second : nullptr;
+    }
+    /// The rank it rises on, when it rises on exactly one of several ranks (one GPU leaks, the
+    /// others do not).
     [[nodiscard]] std::optional<int> only_rank(int world_size) const {
-        if (world_size < 2 || rising_ranks != 1) return std::nullopt;
-        for (std::size_t r = 0; r < ranks.size(); ++r)
-            if (ranks[r] && ranks[r]->rising) return static_cast<int>(r);
-        return std::nullopt;
+        if (world_size < 2 || rising.size() != 1) return std::nullopt;
+        return rising.front().first;
     }
 };
 
-namespace detail {
-
-/// Time left to compare ranks by: seconds when every rank rising has them, else steps.
-[[nodiscard]] inline std::optional<double> time_left(const trend& t, bool in_seconds) {
-    return in_seconds ? t.seconds_left : t.steps_left;
-}
-
-} // namespace detail
-
 /// The owners rising on some rank, from each rank's report (`by_rank[r]`: rank r's, or nullptr),
-/// those that run out first first (owners without a time left last, by name).
+/// those that run out first first (owners without a time left last, by name). The time left is
+/// compared in seconds when every rank it rises on has them, else in steps.
+/// Complexity: O(T log T) in the reports' trends; memory for the rising ones only.
 [[nodiscard]] inline std::vector<owner_forecast> forecast_owners(const std::vector<const rank_report*>& by_rank) {
-    std::set<std::string> rising;
-    for (const rank_report* r : by_rank)
-        if (r != nullptr)
-            for (const trend& t : r->trends.owners)
-                if (t.rising) rising.insert(t.owner);
+    std::map<std::string, owner_forecast> found;
+    for (std::size_t rank = 0; rank < by_rank.size(); ++rank) {
+        if (by_rank[rank] == nullptr) continue;
+        for (const trend& t : by_rank[rank]->trends.owners) {
+            if (!t.rising) continue;
+            owner_forecast& f = found[t.owner];
+            if (!f.rising.empty() && f.rising.back().first == static_cast<int>(rank)) continue; // a name twice
+            f.rising.emplace_back(static_cast<int>(rank), t);
+        }
+    }
     std::vector<owner_forecast> out;
-    for (const std::string& owner : rising) {
-        out.push_back(owner_forecast{owner, std::vector<std::optional<trend>>(by_rank.size()), {}, 0});
-        owner_forecast& f = out.back();
-        for (std::size_t rank = 0; rank < by_rank.size(); ++rank) {
-            if (by_rank[rank] == nullptr) continue;
-            for (const trend& t : by_rank[rank]->trends.owners)
-                if (t.owner == f.owner) f.ranks[rank] = t;
-        }
-        bool seconds = true;
-        for (const auto& t : f.ranks) {
-            if (t && t->rising) {
-                ++f.rising_ranks;
-                seconds = seconds && t->seconds_left.has_value();
+    out.reserve(found.size());
+    for (auto& [owner, f] : found) {
+        f.owner = owner;
+        const bool seconds = std::all_of(f.rising.begin(), f.rising.end(),
+                                         [](const auto& e) { return e.second.seconds_left.has_value(); });
+        std::optional<double> least;
+        for (const auto& [rank, t] : f.rising) {
+            const std::optional<double> left = seconds ? t.seconds_left : t.steps_left;
+            if (left && (!least || *left < *least)) {
+                least = left;
+                f.first_out = rank;
             }
         }
-        double least = 0;
-        for (std::size_t rank = 0; rank < f.ranks.size(); ++rank) {
-            const auto& t = f.ranks[rank];
-            const std::optional<double> left = t && t->rising ? detail::time_left(*t, seconds) : std::nullopt;
-            if (left && (!f.first_out || *left < least)) {
-                f.first_out = static_cast<int>(rank);
-                least = *left;
-            }
-        }
+        out.push_back(std::move(f));
     }
     const auto soonest = [](const owner_forecast& f) {
         if (!f.first_out) return std::optional<double>();
-        const trend& t = *f.ranks[static_cast<std::size_t>(*f.first_out)];
+        const trend& t = *f.at(*f.first_out);
         return t.seconds_left ? t.seconds_left : t.steps_left;
     };
     std::stable_sort(out.begin(), out.end(), [&](const owner_forecast& a, const owner_forecast& b) {
         const auto x = soonest(a);
         const auto y = soonest(b);
         if (x.has_value() != y.has_value()) return x.has_value();
-        if (x && *x != *y) return *x < *y;
-        return a.owner < b.owner;
+        return x && *x < *y;
     });
     return out;
 }
@@ -105,10 +97,11 @@ namespace detail {
     return text;
 }
 
-/// A rank's cells of the forecast: rate per step, per second, and time left ("-" where unknown).
-[[nodiscard]] inline std::string forecast_cell(const std::optional<trend>& t, int row) {
+/// A rank's cells of the forecast: rate per step, per second, and time left ("-" where unknown or
+/// not rising).
+[[nodiscard]] inline std::string forecast_cell(const trend* t, int row) {
     char cell[64];
-    if (!t || !t->rising) return "-";
+    if (t == nullptr || !t->rising) return "-";
     if (row == 0) std::snprintf(cell, sizeof cell, "%.1f", t->bytes_per_step);
     else if (row == 1) {
         if (!t->bytes_per_second) return "-";
@@ -144,8 +137,8 @@ namespace detail {
         for (int row = 0; row < 3; ++row) {
             const std::string label = labels[row];
             out += label + std::string(width + 2 > label.size() ? width + 2 - label.size() : 1, ' ');
-            for (const auto& t : f.ranks) {
-                std::snprintf(cell, sizeof cell, "%14s", detail::forecast_cell(t, row).c_str());
+            for (int rank = 0; rank < world_size; ++rank) {
+                std::snprintf(cell, sizeof cell, "%14s", detail::forecast_cell(f.at(rank), row).c_str());
                 out += cell;
             }
             if (row == 2 && f.first_out) out += "  << rank " + std::to_string(*f.first_out) + " runs out first";
