@@ -20,7 +20,8 @@
 // The working set is the mean peak live bytes of a step in the run without a leak; the time left
 // at the leak's start is (budget - the highest step peak of that run) / leak per step.
 //
-//   bench_leak_forecast [--steps N] [--seeds S]   defaults 1000000 and 10; --short: 60000 and 3
+//   bench_leak_forecast [--steps N] [--seeds S] [--verbose]   defaults 1000000 and 10; --short: 60000
+//   and 3; --verbose: each run's alarm (its subject, rate, rise, time left against the true ones)
 #include <custody/debug/tracking_resource.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/resource/detail/leaf.hpp>
@@ -171,6 +172,11 @@ public:
         custody::debug::watch_event event;
     };
     [[nodiscard]] const std::vector<alarm>& alarms() const noexcept { return alarms_; }
+    /// The trend now of an alarm's subject.
+    [[nodiscard]] custody::debug::trend trend_of(const custody::debug::watch_event& e) {
+        if (e.owner.empty()) return tracker_->make_report().trends.devices.at(0);
+        return *tracker_->trend_of(e.owner);
+    }
     [[nodiscard]] std::size_t budget() const { return std::size_t{80} * GiB - GiB; }
 
 private:
@@ -203,7 +209,6 @@ baseline run_without_leak(std::uint64_t steps, const custody::debug::trend_optio
     }
     b.working_set = sum / static_cast<double>(steps);
     b.alarms = loop.alarms().size();
-    if (std::getenv("TVERBOSE")) for (const auto& a : loop.alarms()) std::printf("  false alarm at %llu: %s rate %.0f\n", (unsigned long long)a.step, a.event.subject.c_str(), a.event.forecast.bytes_per_step);
     if (!loop.alarms().empty()) {
         const auto& a = loop.alarms().front();
         b.first = "step " + std::to_string(a.step) + ": " + a.event.subject;
@@ -213,13 +218,15 @@ baseline run_without_leak(std::uint64_t steps, const custody::debug::trend_optio
 
 struct leak_result {
     std::optional<double> share;  ///< steps to the alarm / time left at the leak's start
-    double rate_error = 0;        ///< |forecast - true| / true
+    double rate_error = 0;        ///< |forecast - true| / true, at the alarm
+    double later_error = 0;       ///< the same once 25% of the time left has passed (or at the alarm, if later)
     double left_error = 0;        ///< the forecast time left against the true one then
     std::string subject;
     bool early = false;           ///< an alarm before the leak began
 };
 
 constexpr std::uint64_t leak_start = 20000;
+bool verbose = false; ///< --verbose: each run's alarm
 
 leak_result run_with_leak(std::uint64_t seed, double share_of_working_set, const baseline& b,
                           const custody::debug::trend_options& trend) {
@@ -230,7 +237,7 @@ leak_result run_with_leak(std::uint64_t seed, double share_of_working_set, const
     for (std::uint64_t s = 0; s < leak_start + static_cast<std::uint64_t>(time_left); ++s) {
         static_cast<void>(loop.step(s >= leak_start ? leak : 0));
         if (loop.alarms().empty()) continue;
-        const auto& a = loop.alarms().front();
+        const auto a = loop.alarms().front(); // a copy: the steps below may add alarms
         if (a.step < leak_start) {
             r.early = true;
             return r;
@@ -240,7 +247,19 @@ leak_result run_with_leak(std::uint64_t seed, double share_of_working_set, const
         r.rate_error = std::abs(a.event.forecast.bytes_per_step / static_cast<double>(leak) - 1);
         if (a.event.forecast.steps_left) r.left_error = *a.event.forecast.steps_left / (time_left - elapsed) - 1;
         r.subject = a.event.subject;
-        if (std::getenv("TVERBOSE")) std::printf("  seed %llu: %s at +%.0f: rate %.0f (true %zu) conf %.6f began %llu leaked %zu\n", (unsigned long long)seed, r.subject.c_str(), elapsed, a.event.forecast.bytes_per_step, leak, a.event.forecast.confidence, (unsigned long long)a.event.forecast.rise_began, a.event.forecast.leaked_bytes);
+        r.later_error = r.rate_error;
+        const auto later = static_cast<std::uint64_t>(0.25 * time_left);
+        if (a.step + 1 - leak_start < later) {
+            for (std::uint64_t k = s + 1; k < leak_start + later; ++k) static_cast<void>(loop.step(leak));
+            r.later_error = std::abs(loop.trend_of(a.event).bytes_per_step / static_cast<double>(leak) - 1);
+        }
+        if (verbose) {
+            std::printf("  seed %llu: %s after %.0f steps: %.0f B a step (true %zu), confidence %.8f, rise from step "
+                        "%llu, %zu B leaked, %.0f steps left (true %.0f)\n",
+                        static_cast<unsigned long long>(seed), r.subject.c_str(), elapsed, a.event.forecast.bytes_per_step,
+                        leak, a.event.forecast.confidence, static_cast<unsigned long long>(a.event.forecast.rise_began),
+                        a.event.forecast.leaked_bytes, a.event.forecast.steps_left.value_or(0), time_left - elapsed);
+        }
         return r;
     }
     return r;
@@ -264,49 +283,61 @@ int main(int argc, char** argv) {
             steps = std::strtoull(argv[++i], nullptr, 10);
         } else if (std::strcmp(argv[i], "--seeds") == 0 && i + 1 < argc) {
             seeds = std::strtoull(argv[++i], nullptr, 10);
+        } else if (std::strcmp(argv[i], "--verbose") == 0) {
+            verbose = true;
         } else {
-            std::fprintf(stderr, "usage: bench_leak_forecast [--short] [--steps N] [--seeds S]\n");
+            std::fprintf(stderr, "usage: bench_leak_forecast [--short] [--steps N] [--seeds S] [--verbose]\n");
             return 1;
         }
     }
-    custody::debug::trend_options trend; // the defaults
-    if (const char* e = std::getenv("TZ_ALARM")) trend.z_alarm = std::atof(e);
-    if (const char* e = std::getenv("TMARGIN")) trend.margin = std::atof(e);
-    if (const char* e = std::getenv("TLEVELS")) trend.levels = std::atoi(e);
-    if (const char* e = std::getenv("TWINDOWS")) trend.windows = std::atoi(e);
-    if (const char* e = std::getenv("TBASE")) trend.window_samples = std::atoi(e);
+    const custody::debug::trend_options trend; // the defaults
     const baseline b = run_without_leak(steps, trend);
     std::printf("decode loop without a leak: %llu steps, working set %.2f GiB (mean step peak), highest %.2f GiB, "
                 "budget 79 GiB\n",
                 static_cast<unsigned long long>(steps), b.working_set / GiB, static_cast<double>(b.highest) / GiB);
     std::printf("false alarms: %zu%s%s\n\n", b.alarms, b.first.empty() ? "" : ", the first at ", b.first.c_str());
-    std::printf("%-10s %12s %18s %18s %14s %14s %s\n", "leak/step", "time left", "alarm (median)", "alarm (worst)",
-                "rate err (med)", "rate err (max)", "missed");
+    std::printf("%-9s %11s | %-31s %8s | %-15s %8s | %9s | %-15s | %s\n", "leak/step", "time left",
+                "steps to the alarm: median, worst", "< 5%", "rate error: med, max", "< 25%", "left err",
+                "at 25%: med, max", "missed, early");
     for (const double share : {0.0001, 0.001, 0.01}) {
         std::vector<double> shares;
         std::vector<double> errors;
+        std::vector<double> left_errors;
+        std::vector<double> later_errors;
         int missed = 0;
         int early = 0;
         const double leak = share * b.working_set;
         const double time_left = static_cast<double>(79 * GiB - b.highest) / leak;
         for (std::uint64_t seed = 2; seed < 2 + seeds; ++seed) {
             const leak_result r = run_with_leak(seed, share, b, trend);
-            if (r.early) ++early;
-            else if (!r.share) ++missed;
-            else {
+            if (r.early) {
+                ++early;
+            } else if (!r.share) {
+                ++missed;
+            } else {
                 shares.push_back(*r.share);
                 errors.push_back(r.rate_error);
+                left_errors.push_back(std::abs(r.left_error));
+                later_errors.push_back(r.later_error);
             }
         }
-        char left[32];
-        std::snprintf(left, sizeof left, "%.0f steps", time_left);
-        std::printf("%8.2f%% %12s %8.0f (%5.1f%%) %8.0f (%5.1f%%) %13.1f%% %13.1f%% %d of %llu%s\n", share * 100, left,
-                    median_of(shares) * time_left, median_of(shares) * 100,
-                    shares.empty() ? 0.0 : *std::max_element(shares.begin(), shares.end()) * time_left,
-                    shares.empty() ? 0.0 : *std::max_element(shares.begin(), shares.end()) * 100,
-                    median_of(errors) * 100, errors.empty() ? 0.0 : *std::max_element(errors.begin(), errors.end()) * 100,
-                    missed, static_cast<unsigned long long>(seeds),
-                    early != 0 ? (", " + std::to_string(early) + " alarmed before the leak").c_str() : "");
+        const auto within = [](const std::vector<double>& v, double limit) {
+            return std::count_if(v.begin(), v.end(), [&](double x) { return x < limit; });
+        };
+        const double worst = shares.empty() ? 0.0 : *std::max_element(shares.begin(), shares.end());
+        std::printf("%8.2f%% %5.0f steps | %6.0f (%5.1f%%) %6.0f (%5.1f%%) %5ld/%-2zu | %6.1f%% %6.1f%% %5ld/%-2zu | %8.1f%% | "
+                    "%6.1f%% %6.1f%% | %d, %d\n",
+                    share * 100, time_left, median_of(shares) * time_left, median_of(shares) * 100, worst * time_left,
+                    worst * 100, static_cast<long>(within(shares, 0.05)), shares.size(), median_of(errors) * 100,
+                    errors.empty() ? 0.0 : *std::max_element(errors.begin(), errors.end()) * 100,
+                    static_cast<long>(within(errors, 0.25)), errors.size(), median_of(left_errors) * 100,
+                    median_of(later_errors) * 100,
+                    later_errors.empty() ? 0.0 : *std::max_element(later_errors.begin(), later_errors.end()) * 100,
+                    missed, early);
     }
+    std::printf("\n(%llu seeds a leak, each %llu steps without a leak first; time left: (budget - highest step peak) / leak; "
+                "left err: the forecast time left against the true one at the alarm, median; at 25%%: the rate's error once "
+                "25%% of the time left has passed)\n",
+                static_cast<unsigned long long>(seeds), static_cast<unsigned long long>(leak_start));
     return 0;
 }
