@@ -132,6 +132,9 @@ public:
         for (int i = 0; i < 32; ++i) static_cast<void>(tracker_->allocate_sync(512 * MiB, 256, "weights"));
     }
 
+    /// The live bytes at the end of the last step.
+    [[nodiscard]] std::size_t live() const noexcept { return tracker_->statistics().live_bytes; }
+
     /// One step; `leak` bytes are kept (0: none). Returns the step's peak live bytes.
     std::size_t step(std::size_t leak) {
         for (int n = random_.poisson(0.12); n > 0; --n) ++waiting_;
@@ -196,14 +199,28 @@ struct baseline {
     std::size_t highest = 0; ///< highest step peak
     std::size_t alarms = 0;  ///< trend alarms without a leak
     std::string first;       ///< the first of them, described
+    std::vector<std::size_t> floors; ///< each step's least live bytes (a step's low point is its start or its end)
+
+    /// The largest rise of the floor within `span` steps: how far the workload's own wander goes.
+    [[nodiscard]] std::size_t largest_rise(std::size_t span) const {
+        std::size_t rise = 0;
+        for (std::size_t t = 0; t + span < floors.size(); ++t) {
+            if (floors[t + span] > floors[t]) rise = std::max(rise, floors[t + span] - floors[t]);
+        }
+        return rise;
+    }
 };
 
 baseline run_without_leak(std::uint64_t steps, const custody::debug::trend_options& trend) {
     decode_loop loop(1, trend);
     baseline b;
     double sum = 0;
+    b.floors.reserve(steps);
+    std::size_t before = loop.live();
     for (std::uint64_t s = 0; s < steps; ++s) {
         const std::size_t peak = loop.step(0);
+        b.floors.push_back(std::min(before, loop.live()));
+        before = loop.live();
         sum += static_cast<double>(peak);
         b.highest = std::max(b.highest, peak);
     }
@@ -299,6 +316,7 @@ int main(int argc, char** argv) {
     std::printf("%-9s %11s | %-31s %8s | %-15s %8s | %9s | %-15s | %s\n", "leak/step", "time left",
                 "steps to the alarm: median, worst", "< 5%", "rate error: med, max", "< 25%", "left err",
                 "at 25%: med, max", "missed, early");
+    std::string wander;
     for (const double share : {0.0001, 0.001, 0.01}) {
         std::vector<double> shares;
         std::vector<double> errors;
@@ -334,7 +352,15 @@ int main(int argc, char** argv) {
                     median_of(later_errors) * 100,
                     later_errors.empty() ? 0.0 : *std::max_element(later_errors.begin(), later_errors.end()) * 100,
                     missed, early);
+        wander += "  within " + std::to_string(static_cast<std::size_t>(0.05 * time_left)) + " steps (5% of " +
+                  std::to_string(static_cast<std::size_t>(time_left)) + "): up to " +
+                  std::to_string(static_cast<double>(b.largest_rise(static_cast<std::size_t>(0.05 * time_left))) / GiB)
+                      .substr(0, 4) +
+                  " GiB\n";
     }
+    std::printf("\nThe floor without a leak rose, from one step's low point to another's (a leak reaching 5%% of the "
+                "time left has added %.2f GiB):\n%s",
+                0.05 * static_cast<double>(79 * GiB - b.highest) / GiB, wander.c_str());
     std::printf("\n(%llu seeds a leak, each %llu steps without a leak first; time left: (budget - highest step peak) / leak; "
                 "left err: the forecast time left against the true one at the alarm, median; at 25%%: the rate's error once "
                 "25%% of the time left has passed)\n",
