@@ -49,13 +49,12 @@ struct site_record {
     return s;
 }
 
-/// The live memory of one owner. Invariants: low <= bytes <= high <= peak.
+/// The live memory of one owner. Invariants: low <= bytes <= peak.
 struct owner_totals {
     std::size_t bytes = 0;
     std::size_t count = 0;
     std::size_t peak = 0; ///< max over time of bytes
     std::size_t low = 0;  ///< min of bytes since the last trend sample (take_extremes)
-    std::size_t high = 0; ///< max of bytes since the last trend sample
 };
 
 /// The live memory of one device. Invariant: low <= bytes <= high.
@@ -178,7 +177,6 @@ public:
         o.bytes += a.shape.bytes;
         ++o.count;
         o.peak = std::max(o.peak, o.bytes);
-        o.high = std::max(o.high, o.bytes);
         d.bytes += a.shape.bytes;
         ++d.count;
         d.high = std::max(d.high, d.bytes);
@@ -273,14 +271,16 @@ public:
         const auto slot = static_cast<std::size_t>(device + 1);
         return slot < devices_.size() ? devices_[slot] : device_totals{};
     }
-    /// Calls owner(id, low, high) for every owner and device(device, low, high) for every device
-    /// slot (some may never have held memory: all zeros), with their least and most live bytes since the previous call, and
-    /// starts the next interval at their bytes now. O(owners + devices).
+    /// Calls owner(id, low, bytes) for every owner, with its least live bytes since the previous
+    /// call and its bytes now, and device(device, low, high) for every device slot (some may never
+    /// have held memory: all zeros) with its least and most live bytes since the previous call
+    /// (only a device's most bytes count: the device's room), and starts the next interval at their
+    /// bytes now. O(owners + devices).
     template <class Owner, class Device>
     void take_extremes(Owner&& owner, Device&& device) {
         for (auto& [id, o] : owners_) {
-            owner(id, o.low, o.high);
-            o.low = o.high = o.bytes;
+            owner(id, o.low, o.bytes);
+            o.low = o.bytes;
         }
         for (std::size_t i = 0; i < devices_.size(); ++i) {
             device_totals& d = devices_[i];

@@ -52,10 +52,14 @@ struct raised_trend {
 /// (see floor_trend); due() is O(1).
 class trend_set {
 public:
-    trend_set(const trend_options& o, std::optional<std::size_t> budget) : options_(o), budget_(budget) {}
+    trend_set(const trend_options& o, std::optional<std::size_t> budget)
+        : automatic_(o.every_allocations != 0 || o.every_ns > 0), options_(o), budget_(budget) {}
 
-    /// Whether an allocation at `now_ns` (the tracker's clock) makes a sample due. O(1).
+    /// Whether an allocation at `now_ns` (the tracker's clock) makes a sample due. O(1); one
+    /// branch when the tracker samples only when asked.
     [[nodiscard]] bool due(std::int64_t now_ns) noexcept {
+        if (!automatic_) [[likely]]
+            return false;
         bool due = false;
         if (options_.every_allocations != 0 && ++allocations_ >= options_.every_allocations) due = true;
         if (options_.every_ns > 0 && now_ns - last_ns_ >= options_.every_ns) due = true;
@@ -141,6 +145,7 @@ private:
         if (t.bytes_per_second) t.seconds_left = room / *t.bytes_per_second;
     }
 
+    bool automatic_; ///< samples come every N allocations or T ns, not only when asked
     trend_options options_;
     std::optional<std::size_t> budget_;
     std::unordered_map<owner_id, floor_trend> owners_;
