@@ -290,7 +290,8 @@ TEST_CASE("a report carries the trends, valid against the schema, and reads back
     CHECK(r.trends.devices[0].device == 0);
     CHECK(r.trends.devices[0].rising);
     const std::string text = to_json(r);
-    test::schema_checker checker(test::report_schema());
+    const json::value schema = test::report_schema(); // the checker keeps a reference to it
+    test::schema_checker checker(schema);
     const auto errors = checker.check(json::parse(text));
     for (const auto& e : errors) UNSCOPED_INFO(e);
     CHECK(errors.empty());

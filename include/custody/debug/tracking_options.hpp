@@ -90,7 +90,8 @@ struct tracking_options {
     trend_options trend;
     /// The tracker's clock, in nanoseconds from any fixed point (non-decreasing): what it stamps
     /// allocations, samples and the rates per second with. Empty: the steady clock (see
-    /// precise_time). Tests inject one, so that time passes without waiting.
+    /// precise_time). Tests inject one, so that time passes without waiting. Called from every
+    /// thread that allocates or frees, inside noexcept paths: it must not throw.
     std::function<std::int64_t()> clock;
     /// Name each block after its owner for CUDA's tools (NVTX): compute-sanitizer's leak report
     /// then says "called decode/kv_cache". Takes effect when the process names an NVTX tool as the

@@ -57,6 +57,17 @@ struct floor_window {
     return (s > 0 ? s - 1 : s + 1) / std::sqrt(variance);
 }
 
+/// The median of `v` (the mean of the two middle values for an even count; 0 for none), reordering
+/// it. O(n).
+[[nodiscard]] inline double median_in_place(std::vector<double>& v) {
+    if (v.empty()) return 0;
+    const std::size_t m = v.size() / 2;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(m), v.end());
+    const double upper = v[m];
+    if (v.size() % 2 == 1) return upper;
+    return (upper + *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(m))) / 2;
+}
+
 /// Theil-Sen's slope of the points (x_i, f_i): the median of (f_j - f_i) / (x_j - x_i) over the
 /// pairs with x_i != x_j (0 for none). O(n^2); `scratch` is reused.
 [[nodiscard]] inline double theil_sen_slope(std::span<const double> x, std::span<const double> f,
@@ -65,12 +76,7 @@ struct floor_window {
     for (std::size_t i = 0; i < f.size(); ++i)
         for (std::size_t j = i + 1; j < f.size(); ++j)
             if (x[j] != x[i]) scratch.push_back((f[j] - f[i]) / (x[j] - x[i]));
-    if (scratch.empty()) return 0;
-    const std::size_t m = scratch.size() / 2;
-    std::nth_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(m), scratch.end());
-    const double upper = scratch[m];
-    if (scratch.size() % 2 == 1) return upper;
-    return (upper + *std::max_element(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(m))) / 2;
+    return median_in_place(scratch);
 }
 
 /// The standard normal distribution function, Phi(z).
@@ -299,11 +305,7 @@ private:
 
     [[nodiscard]] double median(std::span<const double> v) {
         median_.assign(v.begin(), v.end());
-        const std::size_t m = median_.size() / 2;
-        std::nth_element(median_.begin(), median_.begin() + static_cast<std::ptrdiff_t>(m), median_.end());
-        const double upper = median_[m];
-        if (median_.size() % 2 == 1) return upper;
-        return (upper + *std::max_element(median_.begin(), median_.begin() + static_cast<std::ptrdiff_t>(m))) / 2;
+        return median_in_place(median_);
     }
 
     std::uint32_t base_;
