@@ -43,6 +43,11 @@ struct plugin {
     decltype(&custody_last_error) last_error = nullptr;
     decltype(&custody_platform) platform = nullptr;
     decltype(&custody_device_count) device_count = nullptr;
+    decltype(&custody_backing) backing = nullptr;
+    decltype(&custody_segments) segments = nullptr;
+    decltype(&custody_set_max_bytes) set_max_bytes = nullptr;
+    decltype(&custody_mempool_vmm_alloc) mempool_vmm_alloc = nullptr;
+    decltype(&custody_mempool_vmm_free) mempool_vmm_free = nullptr;
 
     template <class F>
     void bind(F& f, const char* name) {
@@ -70,12 +75,32 @@ struct plugin {
         bind(last_error, "custody_last_error");
         bind(platform, "custody_platform");
         bind(device_count, "custody_device_count");
+        bind(backing, "custody_backing");
+        bind(segments, "custody_segments");
+        bind(set_max_bytes, "custody_set_max_bytes");
+        bind(mempool_vmm_alloc, "custody_mempool_vmm_alloc");
+        bind(mempool_vmm_free, "custody_mempool_vmm_free");
     }
 
     custody_torch_stats stats_of(int device) const {
         custody_torch_stats s{};
         REQUIRE(stats(device, &s) == 0);
         return s;
+    }
+    custody_torch_segments segments_of(int device) const {
+        custody_torch_segments s{};
+        REQUIRE(segments(device, &s) == 0);
+        return s;
+    }
+    std::string backing_of(int device) const {
+        char text[256];
+        REQUIRE(backing(device, text, sizeof text) > 0);
+        return text;
+    }
+    std::string report_text() const {
+        std::string text(report(nullptr, 0) + 1, '\0');
+        text.resize(report(text.data(), text.size()));
+        return text;
     }
 };
 
@@ -168,8 +193,9 @@ TEST_CASE("the report names every device in use and truncates safely", "[interop
     std::string full(length + 1, '\0');
     CHECK(lib().report(full.data(), full.size()) == length);
     full.resize(length);
-    CHECK_THAT(full, custody_test::contains("custody device 7: live 4096 B in 1 blocks"));
-    CHECK_THAT(full, custody_test::contains("custody device 0:"));
+    CHECK_THAT(full, custody_test::contains("custody device 7 (mapped: ") &&
+                         custody_test::contains("): live 4096 B in 1 blocks"));
+    CHECK_THAT(full, custody_test::contains("custody device 0 ("));
     char small[16];
     CHECK(lib().report(small, sizeof small) == length);
     CHECK(std::strlen(small) == sizeof small - 1);
@@ -402,3 +428,46 @@ TEST_CASE("options are refused by name when unknown, and once a pool exists", "[
     CHECK_THAT(lib().last_error(), custody_test::contains("after the first allocation"));
     lib().free(p, 256, 7, nullptr);
 }
+
+TEST_CASE("the pools grow by mapping granules by default, and the report says so with custody_stats' numbers",
+          "[interop][torch]") {
+    constexpr int device = 7;
+    CHECK(lib().backing_of(device) == "mapped (the default)");
+    void* a = lib().alloc(3 << 20, device, nullptr); // a large block: two 2 MiB granules mapped
+    void* b = lib().alloc(1000, device, nullptr);
+    REQUIRE(a != nullptr);
+    REQUIRE(b != nullptr);
+    const custody_torch_stats s = lib().stats_of(device);
+    const custody_torch_segments g = lib().segments_of(device);
+    CHECK(s.reserved_bytes % (2 << 20) == 0);        // whole granules of the GPU's 2 MiB
+    CHECK(g.segments == s.reserved_bytes / (2 << 20)); // one segment per granule mapped
+    CHECK(g.device_allocations > 0);                   // map calls
+    const std::string report = lib().report_text();
+    const std::string line = report.substr(report.find("custody device 7 "));
+    CHECK_THAT(line, custody_test::contains("reserved " + std::to_string(s.reserved_bytes) + " B (peak " +
+                                            std::to_string(s.peak_reserved_bytes) + " B)"));
+    CHECK_THAT(line, custody_test::contains(std::to_string(g.segments) + " granules of 2097152 B mapped"));
+    CHECK_THAT(line, custody_test::contains("B cached on streams") && custody_test::contains("B free to all") &&
+                         custody_test::contains("largest free block"));
+    lib().free(b, 1000, device, nullptr);
+    lib().free(a, 3 << 20, device, nullptr);
+    static_cast<void>(lib().trim(device));
+    CHECK(lib().stats_of(device).reserved_bytes == 0); // unmapped: back to the device
+    CHECK(lib().segments_of(device).device_frees > 0);  // unmap calls
+}
+
+TEST_CASE("set_max_bytes(d, 0) caps the device at 0 once it has allocated, as before", "[interop][torch]") {
+    constexpr int device = 5;
+    void* a = lib().alloc(4096, device, nullptr);
+    REQUIRE(a != nullptr);
+    lib().free(a, 4096, device, nullptr);
+    static_cast<void>(lib().trim(device));
+    REQUIRE(lib().set_max_bytes(device, 0) == 0);
+    CHECK(lib().alloc(4 << 20, device, nullptr) == nullptr); // nothing more may be taken from the device
+    CHECK_THAT(lib().last_error(), custody_test::contains("out of memory"));
+    REQUIRE(lib().set_max_bytes(device, cap) == 0);
+    void* b = lib().alloc(4 << 20, device, nullptr);
+    CHECK(b != nullptr);
+    lib().free(b, 4 << 20, device, nullptr);
+}
+
