@@ -76,18 +76,31 @@ std::vector<std::unique_ptr<custody::debug::owner_scope>>& owner_stack() {
     return stack;
 }
 
+/// Whether a graph capture is routed into a pool of any device now (through either backing).
+bool capture_anywhere() noexcept {
+    bool underway = false;
+    for_each_allocator([&](auto& a) {
+        for (int d = 0; d < a.device_count(); ++d) {
+            if (const auto* r = a.find(d); r != nullptr && custody::detail::capture_underway(*r)) underway = true;
+        }
+    });
+    return underway;
+}
+
 /// Gives back held blocks and cached memory of `device` (-1: every device), to the device itself;
-/// the bytes the pools gave back. A device whose pool is serving a graph capture is left alone:
-/// synchronizing, or unmapping, would invalidate the capture (a defensive torch.cuda.empty_cache()
-/// inside a captured region is common in libraries).
+/// the bytes the pools gave back. While a graph capture is routed into any device's pool, nothing
+/// at all: synchronizing a device, or unmapping, or freeing with cudaFree, would invalidate a
+/// capture begun in CUDA's global mode on any device of the process, and libraries call
+/// torch.cuda.empty_cache() defensively inside captured regions.
 std::size_t trim_devices(int device) noexcept {
+    if (capture_anywhere()) return 0;
     std::size_t released = 0;
     for_each_allocator([&](auto& a) {
         const int first = device == -1 ? 0 : device;
         const int last = device == -1 ? a.device_count() : std::min(device + 1, a.device_count());
         for (int d = std::max(first, 0); d < last; ++d) {
             auto* r = a.find(d);
-            if (r == nullptr || custody::detail::capture_underway(*r)) continue;
+            if (r == nullptr) continue;
             custody::basic_device_guard<platform> guard(d, std::nothrow); // frees on d's default stream
             r->release_held();
             try {

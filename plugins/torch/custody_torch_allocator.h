@@ -99,7 +99,8 @@ int custody_claim_device(const char* device_id, int rank, int device);
  * it is held until that work has finished, then reused. 0, or -1 when it cannot be recorded. */
 int custody_record_stream(void* ptr, void* stream);
 /* PyTorch's empty_cache (reset) hook: gives every device's cached memory back to the device,
- * after the work of held blocks has finished. Returns the bytes given back. */
+ * after the work of held blocks has finished (nothing while a capture is routed, see custody_trim).
+ * Returns the bytes given back. */
 size_t custody_empty_cache(void);
 /* PyTorch's graph-capture hooks (CUDAGraph's beginAllocateToPool, endAllocateToPool and
  * releasePool; PyTorch's pluggable allocator takes them from C++ only, so custody.torch calls them
@@ -121,7 +122,9 @@ int custody_release_pool(int device, uint64_t pool_id_first, uint64_t pool_id_se
 /* Fills *out with device's counters (zeros before its first allocation). 0, or -1 for a bad device. */
 int custody_stats(int device, custody_torch_stats* out);
 int custody_segments(int device, custody_torch_segments* out);
-/* Gives cached memory back to the device (device -1: all). Returns the bytes released. */
+/* Gives cached memory back to the device (device -1: all). Returns the bytes released. While a
+ * graph capture is routed into any device's pool, custody_trim and custody_empty_cache give nothing
+ * back on any device (what they would wait for or free would invalidate the capture). */
 size_t custody_trim(int device);
 /* Writes a text report into buffer, NUL-terminated and truncated to capacity; returns the length
  * of the whole report (as snprintf). One line per device in use: its backing and why; live, peak
@@ -158,7 +161,9 @@ int custody_write_snapshot(const char* path);
  * keeps serving tensors and takes whole segments from a MemPool's CUDAPluggableAllocator, here from
  * a custody resource per device, one pair of entry points per backing: "pool" (custody's pool, over
  * the device's backing: see custody_backing) and "vmm" (the virtual-memory resource, memory mapped
- * on demand). A segment is taken and given back synchronously, whatever stream PyTorch names; alloc returns NULL on failure
+ * on demand). A segment is taken synchronously, whatever stream PyTorch names, and its free is
+ * ordered after the work queued on the stream PyTorch names (the stream it was taken on: the pool
+ * caches it on that stream, vmm unmaps it once that stream's work has run); alloc returns NULL on failure
  * (PyTorch's caching allocator then raises its out-of-memory error), with the reason in
  * custody_last_error(). custody_mempool_backings lists the backings ("pool,vmm");
  * custody_mempool_stats fills a backing's counters for a device (segments may be NULL; 0, or -1 for

@@ -9,9 +9,10 @@
 //          statistics
 //   vmm    the virtual-memory resource: each segment mapped on demand, unmapped when it comes back
 //
-// A segment is PyTorch's to use on any stream: it is taken and given back synchronously (on the
-// default stream), whatever stream PyTorch names (its current one, possibly capturing a graph). A
-// failure returns NULL, which PyTorch's caching allocator treats as
+// A segment is PyTorch's to use on any stream: it is taken synchronously (on the default stream),
+// whatever stream PyTorch names (its current one, possibly capturing a graph). It comes back with
+// the stream it was taken on and no synchronization of PyTorch's own: the free is ordered after the
+// work queued on that stream. A failure returns NULL, which PyTorch's caching allocator treats as
 // out of memory (it frees cached blocks, retries, then raises torch.OutOfMemoryError). Another
 // backing is one more entry in `mempool_backing_names` below and a pair of entry points.
 #include "custody_torch_allocator.h"
@@ -116,14 +117,19 @@ CUSTODY_EXPORT void* custody_mempool_pool_alloc(ssize_t size, int device, void*)
         return nullptr;
     }
 }
-CUSTODY_EXPORT void custody_mempool_pool_free(void* ptr, ssize_t size, int device, void*) {
-    with_pool_backing(device, false, [&](auto& a) { a.free(ptr, size, device, typename std::remove_reference_t<decltype(a)>::stream_type{}); });
+// PyTorch gives a segment back with the stream it was taken on, and no synchronization of its own:
+// the pool caches it on that stream, so that it serves another stream only after the work already
+// queued there (and the same stream in order).
+CUSTODY_EXPORT void custody_mempool_pool_free(void* ptr, ssize_t size, int device, void* stream) {
+    with_pool_backing(device, false, [&](auto& a) { a.free(ptr, size, device, stream_of(stream)); });
 }
 CUSTODY_EXPORT void* custody_mempool_vmm_alloc(ssize_t size, int device, void*) {
     return take_segment(vmm_segments(), size, device);
 }
-CUSTODY_EXPORT void custody_mempool_vmm_free(void* ptr, ssize_t size, int device, void*) {
-    vmm_segments().free(ptr, size, device, vmm_backing::stream_type{});
+// Unmapped once the work already queued on the segment's stream has run (virtual_memory waits for
+// the stream it is given): cuMemUnmap does not wait for work in flight.
+CUSTODY_EXPORT void custody_mempool_vmm_free(void* ptr, ssize_t size, int device, void* stream) {
+    vmm_segments().free(ptr, size, device, stream_of(stream));
 }
 
 CUSTODY_EXPORT const char* custody_mempool_backings(void) { return mempool_backing_names.data(); }

@@ -471,3 +471,45 @@ TEST_CASE("set_max_bytes(d, 0) caps the device at 0 once it has allocated, as be
     lib().free(b, 4 << 20, device, nullptr);
 }
 
+TEST_CASE("a capture routed on one device keeps empty_cache and trim from every device", "[interop][torch][capture]") {
+    constexpr int captured_device = 1;
+    constexpr int other_device = 0;
+    custody::host::stream captured(captured_device);
+    // Cached memory on another device: what empty_cache would trim, waiting and unmapping there.
+    void* cached = lib().alloc(4 << 20, other_device, nullptr);
+    REQUIRE(cached != nullptr);
+    lib().free(cached, 4 << 20, other_device, nullptr);
+    const std::uint64_t reserved = lib().stats_of(other_device).reserved_bytes;
+    REQUIRE(reserved >= (4u << 20));
+    REQUIRE(lib().begin_allocate_to_pool(captured_device, 21, 0, stream_arg(captured)) == 0);
+    CHECK(lib().empty_cache() == 0);
+    CHECK(lib().trim(other_device) == 0);
+    CHECK(lib().trim(-1) == 0);
+    CHECK(lib().stats_of(other_device).reserved_bytes == reserved);
+    REQUIRE(lib().end_allocate_to_pool(captured_device, 21, 0) == 0);
+    REQUIRE(lib().release_pool(captured_device, 21, 0) == 0);
+    CHECK(lib().empty_cache() > 0); // no capture anywhere: the cache goes back
+    CHECK(lib().stats_of(other_device).reserved_bytes < reserved);
+}
+
+TEST_CASE("a MemPool segment given back is unmapped only after the work queued on the stream PyTorch names",
+          "[interop][torch]") {
+    constexpr int device = 6;
+    constexpr ssize_t size = ssize_t{2} << 20;
+    custody::host::stream side(device);
+    auto* segment = static_cast<unsigned char*>(lib().mempool_vmm_alloc(size, device, stream_arg(side)));
+    REQUIRE(segment != nullptr);
+    bool written = false;
+    {
+        custody::test::stream_gate<custody::host::platform> gate(side); // the side stream is still busy
+        side.view().enqueue([segment, &written] {
+            segment[size - 1] = 0x5a; // unmapped memory would fault here
+            written = true;
+        });
+        // PyTorch frees a segment naming the stream it was taken on, and synchronizes nothing itself.
+        std::thread give_back([&] { lib().mempool_vmm_free(segment, size, device, stream_arg(side)); });
+        gate.open();
+        give_back.join();
+    }
+    CHECK(written);
+}
