@@ -43,8 +43,8 @@ typedef struct custody_torch_stats {
 typedef struct custody_torch_segments {
     uint64_t held_blocks;         /* the blocks of held_bytes */
     uint64_t segments;            /* chunks the pool holds from the device (chunked); granules it maps (mapped) */
-    uint64_t device_allocations;  /* chunks taken from the device, ever (chunked); map calls (mapped) */
-    uint64_t device_frees;        /* chunks given back to the device, ever (chunked); unmap calls (mapped) */
+    uint64_t device_allocations;  /* chunks taken from the device, ever (chunked); granules mapped (mapped) */
+    uint64_t device_frees;        /* chunks given back to the device, ever (chunked); granules unmapped (mapped) */
 } custody_torch_segments;
 
 /* Allocation: size bytes on device, ordered on stream. size 0 returns NULL without an error.

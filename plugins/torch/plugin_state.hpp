@@ -432,7 +432,8 @@ inline size_t copy_out(const std::string& text, char* buffer, size_t capacity) n
 
 /// A resource's counters in the C interface's structs (`held`: bytes and blocks it holds for other
 /// streams), from its statistics and, where the resource is a pool, its segments: the chunks it
-/// holds (chunked), or the granules it has mapped (mapped: each its own physical allocation).
+/// holds and the chunks taken and given back (chunked), or the granules it has mapped and the
+/// granules mapped and unmapped (mapped: each granule is a physical allocation of its own).
 template <class Resource>
 std::pair<custody_torch_stats, custody_torch_segments> counters_of(const Resource& r, std::uint64_t ooms,
                                                                    std::pair<std::uint64_t, std::uint64_t> held) {
@@ -443,9 +444,17 @@ std::pair<custody_torch_stats, custody_torch_segments> counters_of(const Resourc
         custody_torch_segments{held.second, 0, 0, 0}};
     if constexpr (requires { r.detailed_statistics().chunks; }) {
         const auto p = r.detailed_statistics();
-        out.second.segments = p.map_granule != 0 ? (s.reserved_bytes + p.map_granule - 1) / p.map_granule : p.chunks;
+        out.second.segments = p.chunks;
         out.second.device_allocations = p.upstream_allocations;
         out.second.device_frees = p.upstream_deallocations;
+        using leaf_type = std::remove_cvref_t<decltype(r.upstream())>;
+        if constexpr (requires(leaf_type& u) { u.map_at(nullptr, std::size_t{0}); u.statistics(); }) {
+            // Mapped: each granule is a physical allocation of its own; its leaf counts them.
+            const custody::resource_statistics leaf = r.upstream().statistics();
+            out.second.segments = (s.reserved_bytes + p.map_granule - 1) / p.map_granule;
+            out.second.device_allocations = leaf.allocations;
+            out.second.device_frees = leaf.deallocations;
+        }
     }
     return out;
 }

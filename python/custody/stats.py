@@ -25,8 +25,8 @@ PYTORCH_KEYS = {
     "allocation.all.freed": lambda s: s["deallocations"],
     # Active blocks: allocated, or freed and held for other streams.
     "active.all.current": lambda s: s["live_allocations"] + s["held_blocks"],
-    # Segments: the chunks the pool holds from the device (chunked), or the granules it maps
-    # (mapped), and the calls that took and gave them (cudaMalloc and cudaFree; map and unmap).
+    # Segments: the chunks the pool holds from the device and those taken and given back (chunked),
+    # or the granules it has mapped and those mapped and unmapped (mapped).
     "segment.all.current": lambda s: s["segments"],
     "num_device_alloc": lambda s: s["device_allocations"],
     "num_device_free": lambda s: s["device_frees"],
