@@ -36,8 +36,8 @@ struct memory_segment {
 /// recording segment_alloc and segment_free in `history` (when given). Meant to sit under a pool
 /// (stream_ordered_pool<segment_journal<cuda_async>>), whose chunks are then the segments; what the
 /// upstream can tell of itself (trim, retained_bytes, pool_handle, device, properties) is forwarded.
-/// Over an upstream a pool grows in by mapping (resource::virtual_memory: map_at, unmap_at), the
-/// mapping is forwarded too, and each contiguous mapped run is one segment (as PyTorch's expandable
+/// Over an upstream a pool grows in by mapping (resource::virtual_memory: claim, map_at, unmap_at),
+/// the mapping is forwarded too, and each contiguous mapped run is one segment (as PyTorch's expandable
 /// segments are), recorded as segment_map and segment_unmap: a block never crosses its run's ends.
 ///
 /// Stream semantics, errors: the upstream's. A segment that cannot be noted (no host memory) is
@@ -133,6 +133,23 @@ public:
     {
         note_unmapped(reinterpret_cast<std::uintptr_t>(ptr), bytes);
         return upstream_.unmap_at(ptr, bytes);
+    }
+    /// Address space claimed for the pool to map into, as the upstream claims it (nothing mapped:
+    /// no segment yet).
+    [[nodiscard]] void* claim(std::size_t bytes) noexcept
+        requires requires(Upstream& u) { { u.claim(bytes) } noexcept -> std::same_as<void*>; }
+    {
+        return upstream_.claim(bytes);
+    }
+    void unclaim(void* ptr) noexcept
+        requires requires(Upstream& u) { { u.unclaim(ptr) } noexcept; }
+    {
+        upstream_.unclaim(ptr);
+    }
+    [[nodiscard]] bool is_mapped(const void* ptr) const
+        requires requires(const Upstream& u) { { u.is_mapped(ptr) } -> std::same_as<bool>; }
+    {
+        return upstream_.is_mapped(ptr);
     }
     [[nodiscard]] void* base() const noexcept
         requires requires(const Upstream& u) { u.base(); }
