@@ -83,7 +83,7 @@ decltype(auto) with_pool_backing(int device, bool decide, F&& f) {
 
 vmm_backing& vmm_segments() {
     static auto* const the = new vmm_backing(platform::device_count(), [](int device) {
-        return std::make_unique<vmm_resource>(device, vmm_capacity(device), mapping_options());
+        return std::make_unique<vmm_resource>(device, vmm_capacity(device), mapping_options(device));
     });
     return *the;
 }

@@ -170,11 +170,23 @@ inline custody::pool::pool_options platform_pool_options(custody::pool::pool_opt
     return p;
 }
 
-/// The unit the mapped backing maps: the device's granularity; in the host build the GPU's 2 MiB, so
-/// that it rounds as it would on a GPU (the host's own is a page).
-inline custody::resource::reservation_options mapping_options() {
+/// How the mapped backing maps on `device`. The granule: the device's granularity; in the host
+/// build the GPU's 2 MiB, so that it rounds as it would on a GPU (the host's own is a page). The
+/// access: the device and every device that can reach it as a peer. PyTorch copies between GPUs
+/// directly once it has enabled peer access (cudaDeviceEnablePeerAccess), which covers cudaMalloc
+/// memory and not mapped memory; its own expandable segments grant each peer access to what they
+/// map (addPeer), and a pluggable allocator is told nothing of peers, so it grants them all up front.
+inline custody::resource::reservation_options mapping_options([[maybe_unused]] int device) {
     custody::resource::reservation_options r;
-#if !defined(CUSTODY_TORCH_CUDA)
+#if defined(CUSTODY_TORCH_CUDA)
+    for (int peer = 0; peer < platform::device_count(); ++peer) {
+        int reachable = 0;
+        if (peer != device && cudaDeviceCanAccessPeer(&reachable, peer, device) == cudaSuccess && reachable != 0) {
+            r.peers.push_back(peer);
+        }
+    }
+    static_cast<void>(cudaGetLastError());
+#else
     r.granule = std::size_t{2} << 20;
 #endif
     return r;
@@ -285,7 +297,7 @@ inline std::mutex& histories_mutex() {
 template <class Leaf, class Make>
 auto with_leaf_arguments(int device, const custody::pool::pool_options& p, Make make) {
     if constexpr (std::is_same_v<Leaf, mapped_leaf>) {
-        return make(device, mapped_address_space(device, p), mapping_options());
+        return make(device, mapped_address_space(device, p), mapping_options(device));
     } else {
 #if defined(CUSTODY_TORCH_CUDA)
         return make(device);

@@ -342,6 +342,24 @@ print("ipc", driver.cuIpcGetMemHandle(handle, base))
         assert "granules of" in done.stdout
 
 
+def test_tensors_copy_between_gpus_that_are_peers_over_mapped_memory():
+    # PyTorch copies between peers directly once it has enabled peer access, which does not reach
+    # mapped memory: the library grants each peer access to what it maps.
+    if torch_device_count() < 2:
+        pytest.skip("needs two GPUs")
+    run_python(PRELUDE + """
+if not torch.cuda.can_device_access_peer(1, 0):
+    raise SystemExit(0)
+a = torch.arange(1 << 22, dtype=torch.float32, device="cuda:0")
+b = a.to("cuda:1")
+c = torch.empty_like(b, device="cuda:0")
+c.copy_(b)
+torch.cuda.synchronize(0)
+torch.cuda.synchronize(1)
+assert torch.equal(a, c) and custody.library().backing(1)[0] == "mapped"
+""")
+
+
 def test_mem_pool_is_refused_under_the_whole_process_switch():
     done = run_python(PRELUDE + """
 try:
