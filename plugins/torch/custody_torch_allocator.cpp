@@ -199,6 +199,10 @@ CUSTODY_EXPORT int custody_configure(const char* name, uint64_t value) {
     if (o.made.load()) {
         return refuse("custody: option '" + key + "' set after the first allocation; set options before it");
     }
+    if (const int decided = first_decided_backing(); key == "chunked" && decided != -1) {
+        return refuse("custody: option 'chunked' set after device " + std::to_string(decided) +
+                      "'s backing was decided (by custody_backing or an allocation); set it before");
+    }
     if (key == "tracking") {
         o.tracking.store(value != 0);
     } else if (key == "stacks") {

@@ -256,6 +256,14 @@ inline backing backing_of(int device) {
     return slot.load(std::memory_order_acquire);
 }
 
+/// The first device whose backing is decided, or -1 while none is.
+inline int first_decided_backing() noexcept {
+    for (int d = 0; d < platform::device_count(); ++d) {
+        if (backings()[d].load(std::memory_order_acquire) != backing::undecided) return d;
+    }
+    return -1;
+}
+
 /// The backing `device` was given, deciding nothing (mapped while undecided: nothing exists).
 inline backing known_backing(int device) noexcept {
     if (device < 0 || device >= platform::device_count()) return backing::mapped;

@@ -77,6 +77,22 @@ def test_the_environment_wins_over_the_option_and_a_bad_value_is_refused_by_name
     assert done.stdout.count("CUSTODY_BACKING='vmm' is neither 'mapped' nor 'chunked'") == 2, done.stdout
 
 
+def test_the_option_is_refused_once_a_devices_backing_is_decided(host_lib):
+    done = run_python("""
+        import custody
+        lib = custody.library()
+        assert lib.backing(5)[0] == "mapped"     # decided, and kept for the process
+        try:
+            lib.configure("chunked", 1)
+        except custody.CustodyError as e:
+            print(e)
+        else:
+            raise AssertionError("chunked was accepted after device 5's backing was decided")
+        assert lib.backing(5)[0] == "mapped"
+    """)
+    assert "after device 5's backing was decided" in done.stdout, done.stdout
+
+
 def test_enable_takes_the_backing_option_and_its_environment_variable():
     from custody import options
 
