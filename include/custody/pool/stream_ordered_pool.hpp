@@ -355,10 +355,10 @@ private:
     }
     /// deallocate, with the pool's device current when `stream` is the default stream.
     [[gnu::always_inline]] void deallocate_on(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        if (ptr != nullptr && bytes - 1 < capture_store_.fast_limit()) [[likely]] {
+        const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+        if (ptr != nullptr && bytes - 1 < capture_store_.fast_limit() && !capture_store_.owns(address)) [[likely]] {
             const std::uintptr_t key = streams_.key_of(stream);
             if (shard* sh = streams_.find(key)) [[likely]] {
-                const auto address = reinterpret_cast<std::uintptr_t>(ptr);
                 if (streams_.give_back_class(*sh, stream, key, address, detail::class_of(bytes), bytes)) [[likely]] return;
             }
         }
@@ -403,7 +403,10 @@ private:
     void* take_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
         if (!is_pow2(alignment) || alignment > max_alignment) [[unlikely]] check_alignment(alignment, max_alignment);
         if (bytes == 0) return nullptr;
-        if (bytes > request_limit_.load(std::memory_order_relaxed)) throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
+        if (bytes > request_limit_.load(std::memory_order_relaxed)) [[unlikely]] {
+            activity_.count(activity_.failures);
+            throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
+        }
         if (capture_store_.watching()) [[unlikely]] {
             if (void* p = capture_store_.allocate(stream, bytes, alignment)) return p;
         }

@@ -110,7 +110,9 @@ struct alignas(64) shard {
     // ---- covering ----
 
     /// Some block was given back since the last record.
-    [[nodiscard]] bool dirty(std::size_t record_interval) const noexcept { return to_record != record_interval; }
+    [[nodiscard]] bool dirty(std::size_t record_interval) const noexcept {
+        return uncovered_bytes != 0 || to_record != record_interval;
+    }
     /// Counts a block of `size` bytes stored; true when the event is due to be recorded.
     [[nodiscard]] bool stored(std::size_t size, std::size_t record_bytes) noexcept {
         cached += size;

@@ -53,7 +53,8 @@ public:
     stream_caches(const pool_options& options, int device, shared_store<Upstream>& store, activity_counters& activity,
                   peak_counter& peak)
         : record_interval_(options.record_interval), record_bytes_(options.record_bytes),
-          record_share_(options.record_share), device_(device),
+          record_share_(options.record_share),
+          release_threshold_(store.map_granule() == 0 ? SIZE_MAX : options.release_threshold), device_(device),
           events_(device >= 0 ? device : platform_type::current_device(), options.initial_events, options.event_batch),
           table_(options.max_streams), store_(store), activity_(activity), peak_(peak) {}
     stream_caches(const stream_caches&) = delete;
@@ -147,7 +148,11 @@ private:
                                         " used with a pool of device " + std::to_string(device_));
         }
         const auto make = [&](shard* reuse) {
-            if (reuse == nullptr) return std::make_unique<shard>(key, events_.acquire(), record_interval_).release();
+            if (reuse == nullptr) {
+                auto made = std::make_unique<shard>(key, events_.acquire(), record_interval_);
+                for (auto& set : made->spans) set.count_whole(store_.map_granule()); // what release_granules reads
+                return made.release();
+            }
             std::lock_guard lock(reuse->mutex);
             reuse->serve(key, record_interval_);
             return reuse;
@@ -221,7 +226,29 @@ public:
             sh.on_deallocated(r);
         }
         if (!stored) store_.lose(r.size);
+        if (release_threshold_ != SIZE_MAX && !r.small()) [[unlikely]] release_granules(sh, stream, key);
         return true;
+    }
+
+    /// For a pool that maps with a release threshold (pool_options::release_threshold): the wholly
+    /// free granules the stream holds beyond the threshold go back to the device as its large blocks
+    /// come back, once its event says that no work uses them. The event the stream recorded last
+    /// is asked first (its covered blocks go if it has completed), then recorded again when blocks
+    /// came back since, so that a busy stream's memory goes at its next large free after the work.
+    [[gnu::noinline]] void release_granules(shard& sh, stream_type stream, std::uintptr_t key) noexcept {
+        const std::size_t unit = store_.map_granule();
+        std::vector<address_run> runs;
+        {
+            std::lock_guard lock(sh.mutex);
+            if (!sh.serves(key)) return;
+            if (idle(sh.event)) {
+                sh.merge_recent(sh.recent.covered(), store_.chunks());
+                const std::size_t whole = sh.spans[block_kind::small].whole_bytes() + sh.spans[block_kind::large].whole_bytes();
+                if (whole > release_threshold_) take_granules(sh, unit, whole - release_threshold_, runs);
+            }
+            if (sh.dirty(record_interval_) || !sh.recent.all_covered()) static_cast<void>(cover(sh, stream));
+        }
+        store_.unmap_idle(runs);
     }
 
     /// The fast path's free: a block of size class `c` given back for `bytes` on the stream whose
@@ -267,7 +294,7 @@ public:
         // form runs that go into the tree as one block: one insert per run, not per block.
         std::vector<free_block> blocks;
         blocks.reserve(count); // may throw: nothing has moved yet
-        if (sh.dirty(record_interval_)) cover(sh, stream);
+        if (sh.dirty(record_interval_) && !cover(sh, stream)) return false;
         sh.merge_classes(blocks, store_.chunks(), [&](std::size_t size) { store_.lose(size); });
         return true;
     }
@@ -276,7 +303,7 @@ public:
     /// covered (its lock held).
     void merge_recent(shard& sh, stream_type stream) noexcept {
         if (sh.recent.empty()) return;
-        if (!sh.recent.all_covered()) cover(sh, stream);
+        if (!sh.recent.all_covered() && !cover(sh, stream)) return;
         sh.merge_recent(sh.recent.size(), store_.chunks());
     }
 
@@ -380,7 +407,7 @@ public:
             std::vector<free_block> blocks;
             {
                 std::lock_guard lock(other.mutex);
-                if (other.cached == 0 || !other.event.ready()) return;
+                if (other.cached == 0 || !idle(other.event)) return;
                 blocks = other.take_blocks(which, record_interval_);
             }
             if (blocks.empty()) return;
@@ -402,7 +429,7 @@ public:
             std::vector<free_block> blocks;
             {
                 std::lock_guard lock(other.mutex);
-                if (other.cached == 0 || other.cached == other.uncovered_bytes) return;
+                if (other.cached == 0 || other.cached == other.uncovered_bytes || !usable(other.event)) return;
                 blocks = other.take_blocks(which_blocks::covered, record_interval_); // may throw: nothing taken
                 if (blocks.empty()) return;
                 try {
@@ -440,7 +467,7 @@ public:
             if (&other == self) return;
             std::lock_guard lock(other.mutex);
             const std::size_t covered = other.cached - std::min(other.cached, other.uncovered_bytes);
-            if (covered > most) {
+            if (covered > most && usable(other.event)) {
                 most = covered;
                 largest = &other;
             }
@@ -478,10 +505,12 @@ public:
             if (taken.size() == taken.capacity()) return; // a shard created during the reclaim
             std::lock_guard lock(sh.mutex);
             if (sh.cached == 0) return;
-            if (!sh.dirty(record_interval_)) {
-                sh.event.synchronize();
-            } else {
+            // An event recorded in a capture custody was not told of cannot be waited for: the
+            // device's synchronization covers its blocks instead.
+            if (sh.dirty(record_interval_) || !usable(sh.event)) {
                 uncovered = true;
+            } else {
+                sh.event.synchronize();
             }
             taken.push_back(sh.take_blocks(which_blocks::all, record_interval_));
         });
@@ -511,7 +540,7 @@ public:
         {
             std::lock_guard lock(self.mutex);
             if (self.spans[block_kind::small].empty() && self.spans[block_kind::large].empty() && self.recent.empty()) return;
-            if (self.dirty(record_interval_) || !self.recent.all_covered()) cover(self, stream);
+            if ((self.dirty(record_interval_) || !self.recent.all_covered()) && !cover(self, stream)) return;
             if (!idle(self.event)) return;
             self.merge_recent(self.recent.size(), store_.chunks());
             blocks.reserve(self.spans[block_kind::small].count() + self.spans[block_kind::large].count()); // may throw
@@ -540,22 +569,34 @@ public:
             std::lock_guard lock(sh.mutex);
             if (sh.cached < unit || !idle(sh.event)) return;
             sh.merge_recent(sh.recent.covered(), store_.chunks());
-            for (auto& set : sh.spans) {
-                if (done >= want) break;
-                try {
-                    runs.reserve(runs.size() + set.count()); // at most a run per block
-                } catch (const std::bad_alloc&) {
-                    return;
-                }
-                const std::size_t n = set.take_whole(unit, want - done, [](const free_block&) { return false; },
-                                                     [&](std::uintptr_t a, std::size_t bytes) { runs.push_back({a, bytes}); });
-                sh.cached -= n;
-                done += n;
-            }
+            done += take_granules(sh, unit, want - done, runs);
         });
         store_.unmap_idle(runs);
         return done;
     }
+
+private:
+    /// Takes up to `want` bytes (rounded up to granules of `unit`) of whole granules out of the
+    /// spans of `sh` (its lock held; its event completed) into `runs`; returns the bytes. Stops
+    /// early when there is no host memory for `runs`.
+    std::size_t take_granules(shard& sh, std::size_t unit, std::size_t want, std::vector<address_run>& runs) noexcept {
+        std::size_t done = 0;
+        for (auto& set : sh.spans) {
+            if (done >= want) break;
+            try {
+                runs.reserve(runs.size() + set.count()); // at most a run per block
+            } catch (const std::bad_alloc&) {
+                break;
+            }
+            const std::size_t n = set.take_whole(unit, want - done, [](const free_block&) { return false; },
+                                                 [&](std::uintptr_t a, std::size_t bytes) { runs.push_back({a, bytes}); });
+            sh.cached -= n;
+            done += n;
+        }
+        return done;
+    }
+
+public:
 
     // ---- every stream ----
 
@@ -581,9 +622,16 @@ public:
 
 private:
     /// Records the shard's event on its stream (its lock held), so that it covers every block the
-    /// shard holds. If the record fails, the stream is synchronized instead (the blocks are then
-    /// idle), and the failure reported.
-    [[gnu::noinline]] void cover(shard& sh, stream_type stream) noexcept {
+    /// shard holds; true when it does. If the record fails, the stream is synchronized instead (the
+    /// blocks are then idle), and the failure reported. On a stream being captured (a capture the
+    /// pool was not told of: it asks the platform, once per record) nothing is recorded and false is
+    /// returned: an event recorded inside a capture cannot be queried nor waited for by other streams
+    /// until it is recorded again, and the blocks stay with their stream meanwhile.
+    [[gnu::noinline]] bool cover(shard& sh, stream_type stream) noexcept {
+        if (capturing(stream)) [[unlikely]] {
+            if (sh.to_record == 0) sh.to_record = 1; // counts on from the next free
+            return false;
+        }
         try {
             sh.event.record(stream);
         } catch (...) {
@@ -595,6 +643,17 @@ private:
             }
         }
         sh.on_recorded(record_interval_);
+        return true;
+    }
+
+    /// Whether `stream` is being captured into a graph; true when the platform cannot tell (a
+    /// legacy stream while a blocking stream captures answers with an error).
+    static bool capturing(stream_type stream) noexcept {
+        try {
+            return platform_type::is_capturing(stream);
+        } catch (...) {
+            return true;
+        }
     }
 
     /// Puts a block into its class list, or among the recent large blocks (its lock held). False
@@ -611,7 +670,8 @@ private:
     /// store_in for a large block: among the recent ones (out of line: a tree insert may follow).
     [[gnu::noinline]] bool store_large(shard& sh, stream_type stream, std::uintptr_t address, std::size_t size) noexcept {
         try {
-            if (sh.recent.full() && sh.recent.covered() == 0) cover(sh, stream); // the spans hold covered blocks only
+            // The spans hold covered blocks only.
+            if (sh.recent.full() && sh.recent.covered() == 0 && !cover(sh, stream)) return false;
             sh.keep_recent({address, size, 0}, store_.chunks()); // its chunk is looked up when it leaves recent
             return true;
         } catch (const std::bad_alloc&) {
@@ -623,6 +683,16 @@ private:
     static bool idle(const typename platform_type::event& e) noexcept {
         try {
             return e.ready();
+        } catch (...) {
+            return false;
+        }
+    }
+    /// Whether `e` can be queried and waited for: not last recorded inside a capture the pool was
+    /// not told of (which would throw out of another stream's allocation).
+    static bool usable(const typename platform_type::event& e) noexcept {
+        try {
+            static_cast<void>(e.ready());
+            return true;
         } catch (...) {
             return false;
         }
@@ -658,6 +728,7 @@ private:
     std::size_t record_interval_; ///< >= 1
     std::size_t record_bytes_;
     std::size_t record_share_; ///< 0: record_bytes alone
+    std::size_t release_threshold_; ///< pool_options::release_threshold for a pool that maps; SIZE_MAX otherwise
     int device_;
     event_pool<platform_type> events_;
     stream_table<shard> table_;
