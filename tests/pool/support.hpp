@@ -83,11 +83,12 @@ void check_announced([[maybe_unused]] const Pool& pool, [[maybe_unused]] const L
 #endif
 }
 
-/// A pool of `chunks` chunks of `n` bytes whose streams record their event at every free, so that
-/// each free is at once visible to other streams as the policy allows.
+/// A pool of `chunks` chunks of `n` bytes whose streams record their event at every free and keep
+/// no working set, so that each free is at once visible to other streams as the policy allows.
 inline custody::pool::pool_options tight(custody::pool::reuse_policy policy, std::size_t n, std::size_t chunks) {
     custody::pool::pool_options o;
     o.reuse = policy;
+    o.stream_working_set = 0;
     o.record_interval = 1;
     o.growth_step = n;
     o.maximum_size = n * chunks;

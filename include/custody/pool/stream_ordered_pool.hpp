@@ -228,7 +228,7 @@ public:
         counters c = slow_.load();
         streams_.for_each([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
-            c += sh.counts;
+            c += sh.totals();
         });
         streams_.add_retired(c);
         return totals(c);
@@ -543,22 +543,46 @@ private:
     [[gnu::noinline, gnu::cold]] void deallocate_watched(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         if (options_.checked && !forget_live(stream, ptr, bytes, alignment)) return;
         annotations_.coming_back(ptr);
-        give_block(stream, ptr, bytes, alignment);
+        give_own_or_block(stream, ptr, bytes, alignment);
     }
 
-    /// take_block, and the block recorded among the live ones.
+    /// take_own_or_block, and the block recorded among the live ones.
     [[gnu::noinline]] void* allocate_checked(stream_type stream, std::size_t bytes, std::size_t alignment) {
         return live_.recorded(detail::classify(bytes, alignment).size, bytes, alignment,
-                              [&] { return take_block(stream, bytes, alignment); });
+                              [&] { return take_own_or_block(stream, bytes, alignment); });
+    }
+    /// For a watched pool: the fast path's pop from the stream's own list when no capture is
+    /// watched, else take_block.
+    void* take_own_or_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
+        if (bytes - 1 < small_threshold && detail::fits_granule(alignment) && !capture_store_.watching()) {
+            const std::uintptr_t key = streams_.key_of(stream);
+            if (shard* sh = streams_.find(key)) {
+                void* p = nullptr;
+                if (pop_class(*sh, key, detail::class_of(bytes), bytes, p)) return p;
+            }
+        }
+        return take_block(stream, bytes, alignment);
+    }
+    /// For a watched pool: the fast path's push onto the stream's own list when no capture is
+    /// watched and the block is not private, else give_block.
+    void give_own_or_block(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+        const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+        if (bytes - 1 < small_threshold && !capture_store_.watching() && !capture_store_.owns(address)) {
+            const std::uintptr_t key = streams_.key_of(stream);
+            if (shard* sh = streams_.find(key)) {
+                if (streams_.give_back_class(*sh, stream, key, address, detail::class_of(bytes), bytes)) return;
+            }
+        }
+        give_block(stream, ptr, bytes, alignment);
     }
     /// Forgets the live block `ptr` when the call matches its allocation; else reports the misuse
     /// and returns false (the pool is left as it was).
-    [[gnu::noinline]] bool forget_live(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        const misuse m{.address = reinterpret_cast<std::uintptr_t>(ptr), .bytes = bytes, .alignment = alignment,
-                       .stream_key = platform_type::stream_key(stream)};
-        if (live_.forget(m, [&](std::uintptr_t a) { return store_.chunks().find(a).size != 0; }, options_.on_misuse)) {
-            return true;
-        }
+    bool forget_live(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
+        misuse m{.address = reinterpret_cast<std::uintptr_t>(ptr), .bytes = bytes, .alignment = alignment};
+        std::optional<misuse> found = live_.remove(m, [&](std::uintptr_t a) { return store_.chunks().find(a).size != 0; });
+        if (!found) [[likely]] return true;
+        found->stream_key = platform_type::stream_key(stream); // asked only for the report
+        detail::live_blocks::report(*found, options_.on_misuse);
         activity_.count(activity_.misuses);
         return false;
     }
@@ -573,8 +597,9 @@ private:
         if (capture_store_.routing()) [[unlikely]] relaxed.emplace(capture_mode::relaxed);
         if (void* p = take_cached(sh, r)) return p;
         if (void* p = take_consolidated(stream, sh, r)) return p;
-        if (void* p = take_from_other_streams(stream, sh, r)) return p;
+        if (void* p = take_from_other_streams(stream, sh, r, true)) return p;
         if (void* p = grow_and_take(stream, sh, r)) return p;
+        if (void* p = take_from_working_sets(stream, sh, r)) return p;
         return take_after_reclaim(stream, sh, r);
     }
 
@@ -618,18 +643,28 @@ private:
     /// (opportunistic, follow_dependencies); under follow_dependencies this stream then adopts the
     /// others' covered blocks behind a stream wait; under the other two, when the others hold at
     /// least max(the request, reserve / 8) in covered blocks, the pool waits on the host for the
-    /// one holding the most rather than grow, so that it stays bounded whatever the streams do.
-    void* take_from_other_streams(stream_type stream, shard* sh, detail::request r) {
+    /// one holding the most rather than grow, so that it stays bounded whatever the streams do. Each
+    /// stream's working set (pool_options::stream_working_set) is left alone while
+    /// `keep_working_sets`: the pool grows first, and takes them only when it cannot.
+    void* take_from_other_streams(stream_type stream, shard* sh, detail::request r, bool keep_working_sets) {
         const reuse_policy policy = options_.reuse;
-        if (policy != reuse_policy::same_stream && streams_.drain_completed(sh, detail::which_blocks::covered)) {
+        if (policy != reuse_policy::same_stream && streams_.drain_completed(sh, detail::which_blocks::covered, keep_working_sets)) {
             if (void* p = take_shared(sh, r)) return p;
         }
         if (policy == reuse_policy::follow_dependencies && sh != nullptr) {
-            if (!streams_.adopt_covered(stream, *sh)) return nullptr;
+            if (!streams_.adopt_covered(stream, *sh, keep_working_sets)) return nullptr;
             return reinterpret_cast<void*>(streams_.take_span(*sh, r.kind, r));
         }
-        if (!streams_.release_largest(sh, std::max(r.size, store_.reserved() / 8))) return nullptr;
+        const std::size_t need = keep_working_sets ? std::max(r.size, store_.reserved() / 8) : r.size;
+        if (!streams_.release_largest(sh, need, keep_working_sets)) return nullptr;
         return take_shared(sh, r);
+    }
+
+    /// When the pool may not grow: other streams' working sets too, then free memory of either kind
+    /// (what they gave up may be of the other kind), rather than the last resort.
+    void* take_from_working_sets(stream_type stream, shard* sh, detail::request r) {
+        if (void* p = take_from_other_streams(stream, sh, r, false)) return p;
+        return streams_.kept(sh, store_.grow_and_take(r.kind, r.size, r.alignment, sh != nullptr));
     }
 
     /// New memory of the request's kind (see shared_store::grow_and_take). Over an upstream that

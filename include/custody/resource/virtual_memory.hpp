@@ -244,7 +244,7 @@ public:
             report_noexcept_failure("virtual_memory::unclaim", "not a claim");
             return;
         }
-        for (std::size_t g = 0; g < it->second; g += range_.granule()) {
+        for (std::size_t g = 0; placed_ != 0 && g < it->second; g += range_.granule()) { // nothing placed: none mapped
             if (range_.is_mapped(offset + g)) {
                 report_noexcept_failure("virtual_memory::unclaim", "the claim is still mapped in part; it is kept");
                 return;

@@ -54,7 +54,8 @@ public:
                   peak_counter& peak)
         : record_interval_(options.record_interval), record_bytes_(options.record_bytes),
           record_share_(options.record_share),
-          release_threshold_(store.map_granule() == 0 ? SIZE_MAX : options.release_threshold), device_(device),
+          release_threshold_(store.map_granule() == 0 ? SIZE_MAX : options.release_threshold),
+          working_set_(options.stream_working_set), working_set_total_(options.working_set_total), device_(device),
           events_(device >= 0 ? device : platform_type::current_device(), options.initial_events, options.event_batch),
           table_(options.max_streams), store_(store), activity_(activity), peak_(peak) {}
     stream_caches(const stream_caches&) = delete;
@@ -150,15 +151,17 @@ private:
         const auto make = [&](shard* reuse) {
             if (reuse == nullptr) {
                 auto made = std::make_unique<shard>(key, events_.acquire(), record_interval_);
+                made->record_limit = record_threshold();
                 for (auto& set : made->spans) set.count_whole(store_.map_granule()); // what release_granules reads
                 return made.release();
             }
             std::lock_guard lock(reuse->mutex);
             reuse->serve(key, record_interval_);
+            reuse->record_limit = record_threshold();
             return reuse;
         };
         if (shard* sh = table_.find_or_create(key, make)) return sh;
-        if (retire_idle() == 0) return nullptr;
+        if (retire_idle(false) == 0 && retire_idle(true) == 0) return nullptr;
         return table_.find_or_create(key, make);
     }
 
@@ -170,27 +173,46 @@ public:
     /// their blocks go to the shared set, their counts to the pool's totals, their credit back to
     /// the peak counter, and the shard serves the next new stream (a live stream whose shard went
     /// gets another at its next call). Runs when every shard serves a stream, so that streams
-    /// created and destroyed without end keep shards, without a host wait. Returns the shards
-    /// retired.
-    std::size_t retire_idle() {
+    /// created and destroyed without end keep shards. With `synchronizing` (when none was idle so:
+    /// their streams gave blocks back since they last recorded, and only a stream's own calls
+    /// record on it, for it may be gone), it synchronizes the device first and retires the shards
+    /// that were given nothing back meanwhile: a host wait, only when max_streams streams hold
+    /// blocks their events do not cover. Returns the shards retired.
+    std::size_t retire_idle(bool synchronizing) {
         std::lock_guard sweep(sweep_mutex_);
         // An event query must not break a capture another thread has open (it touches nothing of it).
         const basic_capture_mode_guard<platform_type> relaxed(capture_mode::relaxed);
+        std::vector<std::uint64_t> frees; // with `synchronizing`: each shard's frees before the wait
+        if (synchronizing) {
+            frees.reserve(table_.size());
+            table_.for_each([&](shard& sh) {
+                std::lock_guard lock(sh.mutex);
+                if (frees.size() < frees.capacity()) frees.push_back(sh.counts.deallocations);
+            });
+            try {
+                synchronize_devices();
+            } catch (...) {
+                report_failure("stream_ordered_pool: synchronizing the device to retire a stream's shard failed");
+                return 0;
+            }
+        }
         std::size_t retired = 0;
+        std::size_t index = 0;
         table_.for_each([&](shard& sh) {
+            const std::size_t i = index++;
             std::vector<free_block> blocks;
             std::uintptr_t key = shard::no_stream;
             {
                 std::lock_guard lock(sh.mutex);
                 key = sh.key.load(std::memory_order_relaxed);
-                if (key == shard::no_stream || sh.slow_users != 0 || sh.dirty(record_interval_) ||
-                    !sh.recent.all_covered() || !idle(sh.event)) {
-                    return;
-                }
+                const bool all_idle = synchronizing ? i < frees.size() && frees[i] == sh.counts.deallocations
+                                                    : !sh.dirty(record_interval_) && sh.recent.all_covered() && idle(sh.event);
+                if (key == shard::no_stream || sh.slow_users != 0 || !all_idle) return;
                 blocks = sh.take_blocks(which_blocks::all, record_interval_); // may throw: nothing taken
-                retired_ += sh.counts;
-                peak_.release(sh.credit.take_all());
+                retired_ += sh.totals();
+                peak_.release(sh.credit.take_all()); // its live bytes stay counted, in retired_
                 sh.counts = {};
+                sh.credit = {};
                 sh.key.store(shard::no_stream, std::memory_order_release);
             }
             store_.insert_runs(blocks);
@@ -220,9 +242,8 @@ public:
         {
             std::lock_guard lock(sh.mutex);
             if (!sh.serves(key)) [[unlikely]] return false;
-            const bool last = sh.counts.live_bytes > 0 && sh.counts.live_bytes <= static_cast<std::int64_t>(r.bytes);
             stored = store_in(sh, stream, address, r);
-            if (stored && (sh.stored(r.size, record_threshold()) || last)) [[unlikely]] cover(sh, stream);
+            if (stored && sh.stored(r.size)) [[unlikely]] cover(sh, stream);
             sh.on_deallocated(r);
         }
         if (!stored) store_.lose(r.size);
@@ -261,7 +282,7 @@ public:
             sh.mutex.unlock();
             return false;
         }
-        if (sh.on_pushed(class_size(c), bytes, record_threshold())) [[unlikely]] cover(sh, stream);
+        if (sh.on_pushed(class_size(c), bytes)) [[unlikely]] cover(sh, stream);
         sh.mutex.unlock();
         return true;
     }
@@ -400,14 +421,15 @@ public:
 
     /// Moves the blocks `which` means (covered, or idle: see class_lists) of other streams whose
     /// event has completed to the shared set. True when anything moved. Never waits.
-    bool drain_completed(const shard* self, which_blocks which) {
+    bool drain_completed(const shard* self, which_blocks which, bool keep_working_sets) {
         bool moved = false;
+        working_sets kept(*this, keep_working_sets);
         table_.for_each([&](shard& other) {
             if (&other == self) return;
             std::vector<free_block> blocks;
             {
                 std::lock_guard lock(other.mutex);
-                if (other.cached == 0 || !idle(other.event)) return;
+                if (other.cached == 0 || kept.keeps(other) || !idle(other.event)) return;
                 blocks = other.take_blocks(which, record_interval_);
             }
             if (blocks.empty()) return;
@@ -422,14 +444,18 @@ public:
     /// each one's event (no host synchronization but for the default stream, see wait_for), then
     /// records this stream's event so that they are covered here too: other streams' free memory
     /// becomes this stream's at once, whatever its sizes. True when any moved.
-    bool adopt_covered(stream_type stream, shard& self) {
+    bool adopt_covered(stream_type stream, shard& self, bool keep_working_sets) {
         std::vector<free_block> adopted;
+        working_sets kept(*this, keep_working_sets);
         table_.for_each([&](shard& other) {
             if (&other == &self) return;
             std::vector<free_block> blocks;
             {
                 std::lock_guard lock(other.mutex);
-                if (other.cached == 0 || other.cached == other.uncovered_bytes || !usable(other.event)) return;
+                if (other.cached == 0 || other.cached == other.uncovered_bytes || kept.keeps(other) ||
+                    !usable(other.event)) {
+                    return;
+                }
                 blocks = other.take_blocks(which_blocks::covered, record_interval_); // may throw: nothing taken
                 if (blocks.empty()) return;
                 try {
@@ -460,14 +486,15 @@ public:
     /// blocks to the shared set: the pool does not grow while another stream's finished work holds
     /// the memory it needs (a host wait, counted, under the policies that make no stream wait).
     /// Throws what the wait throws (the blocks are then quarantined). True when any moved.
-    bool release_largest(const shard* self, std::size_t need) {
+    bool release_largest(const shard* self, std::size_t need, bool keep_working_sets) {
         shard* largest = nullptr;
         std::size_t most = 0;
+        working_sets kept(*this, keep_working_sets);
         table_.for_each([&](shard& other) {
             if (&other == self) return;
             std::lock_guard lock(other.mutex);
             const std::size_t covered = other.cached - std::min(other.cached, other.uncovered_bytes);
-            if (covered > most && usable(other.event)) {
+            if (covered > most && !kept.keeps(other) && usable(other.event)) {
                 most = covered;
                 largest = &other;
             }
@@ -612,7 +639,7 @@ public:
     void add_to(pool_statistics& p, counters& c) const {
         table_.for_each([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
-            c += sh.counts;
+            c += sh.totals();
             if (sh.key.load(std::memory_order_relaxed) == shard::no_stream) return; // retired
             p.per_stream.push_back({sh.key.load(std::memory_order_relaxed), sh.cached});
             p.stream_cached_bytes += sh.cached;
@@ -642,7 +669,7 @@ private:
                 report_failure("stream_ordered_pool: recording a stream's event and synchronizing the stream failed");
             }
         }
-        sh.on_recorded(record_interval_);
+        sh.on_recorded(record_interval_, record_threshold());
         return true;
     }
 
@@ -708,6 +735,30 @@ private:
         }
     }
 
+    /// One pass over the shards deciding which streams keep their free memory as their own working
+    /// set (pool_options::stream_working_set): a stream that gives back what it allocates (its live
+    /// bytes are not negative: not a consumer of another stream's blocks) and caches at most
+    /// stream_working_set bytes, while the streams so kept cache at most working_set_total in all.
+    /// Other streams' allocations leave those alone (they grow instead), so that streams taking
+    /// turns in one thread do not hand each other their blocks at every call.
+    class working_sets {
+    public:
+        /// The working sets of `c`; none when not `keep`.
+        working_sets(const stream_caches& c, bool keep) noexcept
+            : per_stream_(keep ? c.working_set_ : 0), total_(keep ? c.working_set_total_ : 0) {}
+        /// Whether `sh` (its lock held) keeps its cache; counts it when it does.
+        [[nodiscard]] bool keeps(const shard& sh) noexcept {
+            if (sh.credit.live() < 0 || sh.cached > per_stream_ || sh.cached > total_ - kept_) return false;
+            kept_ += sh.cached;
+            return true;
+        }
+
+    private:
+        std::size_t per_stream_;
+        std::size_t total_;
+        std::size_t kept_ = 0; ///< <= total_
+    };
+
     /// The bytes given back since a stream's last record that make it record again:
     /// min(record_bytes, reserve / record_share), so that a stream that gives back another's
     /// blocks (a consumer) covers them before that stream (the producer) must grow the pool.
@@ -729,6 +780,8 @@ private:
     std::size_t record_bytes_;
     std::size_t record_share_; ///< 0: record_bytes alone
     std::size_t release_threshold_; ///< pool_options::release_threshold for a pool that maps; SIZE_MAX otherwise
+    std::size_t working_set_;       ///< pool_options::stream_working_set
+    std::size_t working_set_total_; ///< pool_options::working_set_total
     int device_;
     event_pool<platform_type> events_;
     stream_table<shard> table_;
