@@ -15,6 +15,7 @@
 #include <custody/pool/capture_pool_id.hpp>
 #include <custody/pool/detail/address_ranges.hpp>
 #include <custody/pool/detail/free_set.hpp>
+#include <custody/pool/detail/growth.hpp>
 #include <custody/pool/detail/size_classes.hpp>
 
 #include <atomic>
@@ -397,19 +398,7 @@ private:
     /// every stream once taken (the stream is synchronized: it runs nothing else); nullptr when the
     /// upstream has none. Throws what making or synchronizing the stream throws, giving the memory
     /// back first (mutex_ held, relaxed capture mode).
-    void* take_chunk(std::size_t n) {
-        if (!growth_stream_) growth_stream_.emplace(device_ >= 0 ? device_ : platform_type::current_device());
-        const stream_type on = growth_stream_->view();
-        void* ptr = custody::try_allocate(upstream_, on, n, chunk_alignment_);
-        if (ptr == nullptr) return nullptr;
-        try {
-            platform_type::synchronize(on);
-        } catch (...) {
-            upstream_.deallocate(on, ptr, n, chunk_alignment_);
-            throw;
-        }
-        return ptr;
-    }
+    void* take_chunk(std::size_t n) { return take_waited(upstream_, growth_stream_, device_, n, chunk_alignment_); }
 
     /// Announces a new chunk of `p` to CUDA's tools: a heap that is one region, named after `p`.
     void announce(const private_pool& p, const void* chunk, std::size_t n) noexcept {

@@ -147,18 +147,7 @@ private:
     /// making or synchronizing the growth's stream throws (the memory given back first).
     void* take_ordered(std::size_t n) {
         if constexpr (allocates_in_stream_order<Upstream>) {
-            using platform_type = typename stream_type::platform_type;
-            if (!stream_) stream_.emplace(budget_.device() >= 0 ? budget_.device() : platform_type::current_device());
-            const stream_type on = stream_->view();
-            void* p = custody::try_allocate(upstream_, on, n, chunk_alignment);
-            if (p == nullptr) return nullptr;
-            try {
-                platform_type::synchronize(on);
-            } catch (...) {
-                upstream_.deallocate(on, p, n, chunk_alignment);
-                throw;
-            }
-            return p;
+            return take_waited(upstream_, stream_, budget_.device(), n, chunk_alignment);
         } else {
             return custody::try_allocate(upstream_, stream_type{}, n, chunk_alignment);
         }

@@ -29,15 +29,17 @@
 
 namespace custody::pool::detail {
 
-/// The streams' caches of a pool over `Upstream`, and what moves between them and the pool's
-/// shared store.
+template <stream_ordered_resource Upstream>
+class seam;
+
+/// The streams' caches of a pool over `Upstream` (the pool's front): a shard per stream, found
+/// without a lock, and each stream's own reuse; what moves between streams is seam.hpp's.
 ///
 /// Stream semantics: a block given back on stream s is reusable at once on s. It is covered once
 /// s's event is recorded after it (every record_interval frees or record_bytes bytes given back on
-/// s, and before s's blocks move into its spans); a covered block may leave s once the event has
-/// completed (drain_completed), behind a stream wait on the event (take_with_dependency), or after
-/// a host wait on it (reclaim). Blocks not yet covered leave only after the device is synchronized
-/// (reclaim). Only s's own calls record on s, so a destroyed stream never sees a record.
+/// s, and before s's blocks move into its spans); only covered blocks leave s for another stream,
+/// as the seam decides (seam.hpp), unless the device was synchronized. Only s's own calls record on
+/// s, so a destroyed stream never sees a record.
 /// Thread safety: thread-safe; each shard's lock guards it; no shard's lock is held while the
 /// store's is taken. Ownership: owns the shards and their events; refers to the store and the
 /// activity counters of its pool, which outlive it.
@@ -48,6 +50,9 @@ public:
     using platform_type = typename stream_type::platform_type;
     using shard = detail::shard<typename platform_type::event>;
 
+    template <stream_ordered_resource>
+    friend class seam; // the rules that move blocks between streams use the shards and covering
+
     /// For a pool of `device` (-1: none) with validated `options`. Creates options.initial_events
     /// events (on `device`, or the current one), and throws what creating them throws.
     stream_caches(const pool_options& options, int device, shared_store<Upstream>& store, activity_counters& activity,
@@ -55,7 +60,7 @@ public:
         : record_interval_(options.record_interval), record_bytes_(options.record_bytes),
           record_share_(options.record_share),
           release_threshold_(store.map_granule() == 0 ? SIZE_MAX : options.release_threshold),
-          working_set_(options.stream_working_set), working_set_total_(options.working_set_total), device_(device),
+          device_(device),
           events_(device >= 0 ? device : platform_type::current_device(), options.initial_events, options.event_batch),
           table_(options.max_streams), store_(store), activity_(activity), peak_(peak) {}
     stream_caches(const stream_caches&) = delete;
@@ -417,191 +422,6 @@ public:
         return reinterpret_cast<void*>(t.block.address);
     }
 
-    // ---- other streams' caches ----
-
-    /// Moves the blocks `which` means (covered, or idle: see class_lists) of other streams whose
-    /// event has completed to the shared set. True when anything moved. Never waits.
-    bool drain_completed(const shard* self, which_blocks which, bool keep_working_sets) {
-        bool moved = false;
-        working_sets kept(*this, keep_working_sets);
-        table_.for_each([&](shard& other) {
-            if (&other == self) return;
-            std::vector<free_block> blocks;
-            {
-                std::lock_guard lock(other.mutex);
-                if (other.cached == 0 || kept.keeps(other) || !idle(other.event)) return;
-                blocks = other.take_blocks(which, record_interval_);
-            }
-            if (blocks.empty()) return;
-            store_.insert_runs(blocks);
-            activity_counters::count(activity_.opportunistic_reuses);
-            moved = true;
-        });
-        return moved;
-    }
-
-    /// Moves every covered block of other streams into this stream's cache behind a stream wait on
-    /// each one's event (no host synchronization but for the default stream, see wait_for), then
-    /// records this stream's event so that they are covered here too: other streams' free memory
-    /// becomes this stream's at once, whatever its sizes. True when any moved.
-    bool adopt_covered(stream_type stream, shard& self, bool keep_working_sets) {
-        std::vector<free_block> adopted;
-        working_sets kept(*this, keep_working_sets);
-        table_.for_each([&](shard& other) {
-            if (&other == &self) return;
-            std::vector<free_block> blocks;
-            {
-                std::lock_guard lock(other.mutex);
-                if (other.cached == 0 || other.cached == other.uncovered_bytes || kept.keeps(other) ||
-                    !usable(other.event)) {
-                    return;
-                }
-                blocks = other.take_blocks(which_blocks::covered, record_interval_); // may throw: nothing taken
-                if (blocks.empty()) return;
-                try {
-                    wait_for(stream, other.event);
-                } catch (...) {
-                    for (const auto& b : blocks) store_.quarantine(b.size); // their work may still run
-                    throw;
-                }
-            }
-            activity_counters::count(activity_.dependency_waits);
-            try {
-                adopted.insert(adopted.end(), blocks.begin(), blocks.end());
-            } catch (const std::bad_alloc&) {
-                for (const auto& b : blocks) store_.lose(b.size);
-            }
-        });
-        if (adopted.empty()) return false;
-        std::size_t bytes = 0;
-        for (const auto& b : adopted) bytes += b.size;
-        std::lock_guard lock(self.mutex);
-        self.cached += bytes - store_.chunks().insert_runs(adopted, self.spans, [&](std::size_t size) { store_.lose(size); });
-        cover(self, stream); // the spans hold covered blocks only
-        return true;
-    }
-
-    /// When other streams' caches hold at least `need` covered bytes, waits on the host for the
-    /// event of the one holding the most (not at all when it has completed) and moves its covered
-    /// blocks to the shared set: the pool does not grow while another stream's finished work holds
-    /// the memory it needs (a host wait, counted, under the policies that make no stream wait).
-    /// Throws what the wait throws (the blocks are then quarantined). True when any moved.
-    bool release_largest(const shard* self, std::size_t need, bool keep_working_sets) {
-        shard* largest = nullptr;
-        std::size_t most = 0;
-        working_sets kept(*this, keep_working_sets);
-        table_.for_each([&](shard& other) {
-            if (&other == self) return;
-            std::lock_guard lock(other.mutex);
-            const std::size_t covered = other.cached - std::min(other.cached, other.uncovered_bytes);
-            if (covered > most && !kept.keeps(other) && usable(other.event)) {
-                most = covered;
-                largest = &other;
-            }
-        });
-        if (largest == nullptr || most < need) return false;
-        std::vector<free_block> blocks;
-        {
-            std::lock_guard lock(largest->mutex);
-            blocks = largest->take_blocks(which_blocks::covered, record_interval_);
-            if (blocks.empty()) return false;
-            if (!largest->event.ready()) {
-                try {
-                    largest->event.synchronize();
-                } catch (...) {
-                    for (const auto& b : blocks) store_.quarantine(b.size);
-                    throw;
-                }
-                activity_counters::count(activity_.host_waits);
-            }
-        }
-        store_.insert_runs(blocks);
-        activity_counters::count(activity_.opportunistic_reuses);
-        return true;
-    }
-
-    /// Moves every stream's cache to the shared set once its blocks are idle: a stream whose
-    /// blocks are all covered is waited for through its event, the others through one
-    /// synchronization of the device (their streams may be gone; the device has their work).
-    /// Throws what the platform's waits throw (the blocks taken are then quarantined).
-    void reclaim() {
-        std::vector<std::vector<free_block>> taken;
-        taken.reserve(table_.size()); // no allocation once blocks are out
-        bool uncovered = false;
-        table_.for_each([&](shard& sh) {
-            if (taken.size() == taken.capacity()) return; // a shard created during the reclaim
-            std::lock_guard lock(sh.mutex);
-            if (sh.cached == 0) return;
-            // An event recorded in a capture custody was not told of cannot be waited for: the
-            // device's synchronization covers its blocks instead.
-            if (sh.dirty(record_interval_) || !usable(sh.event)) {
-                uncovered = true;
-            } else {
-                sh.event.synchronize();
-            }
-            taken.push_back(sh.take_blocks(which_blocks::all, record_interval_));
-        });
-        if (uncovered) {
-            try {
-                synchronize_devices();
-            } catch (...) {
-                // Their work may still be running: they are never reused.
-                for (const auto& blocks : taken) {
-                    for (const auto& b : blocks) store_.quarantine(b.size);
-                }
-                throw;
-            }
-        }
-        for (auto& blocks : taken) store_.insert_runs(blocks);
-    }
-
-    // ---- idle memory, for a pool that maps ----
-
-    /// Before the pool maps more for this stream: its own spans go to the shared set once idle (its
-    /// event, recorded now when some blocks are not covered, has completed), where growth joins
-    /// them to the granules it maps beside them and unmaps those it cannot use. Idle memory may go
-    /// to any stream: no work uses it.
-    void release_own_idle(stream_type stream, shard& self) {
-        if (store_.map_granule() == 0) return;
-        std::vector<free_block> blocks;
-        {
-            std::lock_guard lock(self.mutex);
-            if (self.spans[block_kind::small].empty() && self.spans[block_kind::large].empty() && self.recent.empty()) return;
-            if ((self.dirty(record_interval_) || !self.recent.all_covered()) && !cover(self, stream)) return;
-            if (!idle(self.event)) return;
-            self.merge_recent(self.recent.size(), store_.chunks());
-            blocks.reserve(self.spans[block_kind::small].count() + self.spans[block_kind::large].count()); // may throw
-            for (block_kind kind : block_kinds) {
-                self.spans[kind].drain([&](free_block b) {
-                    b.kind = kind;
-                    blocks.push_back(b);
-                    self.cached -= b.size;
-                });
-            }
-        }
-        store_.insert_runs(blocks);
-    }
-
-    /// Unmaps up to `want` bytes (rounded up to granules) of whole granules that other streams'
-    /// caches hold idle: the covered blocks of a stream whose event has completed. Unmapping is not
-    /// reuse: it gives memory no work uses back to the device, under every reuse policy. Returns the
-    /// bytes.
-    std::size_t unmap_idle(const shard* self, std::size_t want) {
-        const std::size_t unit = store_.map_granule();
-        if (want == 0 || unit == 0) return 0;
-        std::vector<address_run> runs;
-        std::size_t done = 0;
-        table_.for_each([&](shard& sh) {
-            if (done >= want || &sh == self) return;
-            std::lock_guard lock(sh.mutex);
-            if (sh.cached < unit || !idle(sh.event)) return;
-            sh.merge_recent(sh.recent.covered(), store_.chunks());
-            done += take_granules(sh, unit, want - done, runs);
-        });
-        store_.unmap_idle(runs);
-        return done;
-    }
-
 private:
     /// Takes up to `want` bytes (rounded up to granules of `unit`) of whole granules out of the
     /// spans of `sh` (its lock held; its event completed) into `runs`; returns the bytes. Stops
@@ -725,40 +545,6 @@ private:
         }
     }
 
-    /// Makes `stream` wait for `e`: a stream wait, or a host wait for the default stream, whose
-    /// memory (the synchronous pair's) is usable at once by the host and by every stream.
-    static void wait_for(stream_type stream, const typename platform_type::event& e) {
-        if (stream == stream_type{}) {
-            e.synchronize();
-        } else {
-            platform_type::wait(stream, e);
-        }
-    }
-
-    /// One pass over the shards deciding which streams keep their free memory as their own working
-    /// set (pool_options::stream_working_set): a stream that gives back what it allocates (its live
-    /// bytes are not negative: not a consumer of another stream's blocks) and caches at most
-    /// stream_working_set bytes, while the streams so kept cache at most working_set_total in all.
-    /// Other streams' allocations leave those alone (they grow instead), so that streams taking
-    /// turns in one thread do not hand each other their blocks at every call.
-    class working_sets {
-    public:
-        /// The working sets of `c`; none when not `keep`.
-        working_sets(const stream_caches& c, bool keep) noexcept
-            : per_stream_(keep ? c.working_set_ : 0), total_(keep ? c.working_set_total_ : 0) {}
-        /// Whether `sh` (its lock held) keeps its cache; counts it when it does.
-        [[nodiscard]] bool keeps(const shard& sh) noexcept {
-            if (sh.credit.live() < 0 || sh.cached > per_stream_ || sh.cached > total_ - kept_) return false;
-            kept_ += sh.cached;
-            return true;
-        }
-
-    private:
-        std::size_t per_stream_;
-        std::size_t total_;
-        std::size_t kept_ = 0; ///< <= total_
-    };
-
     /// The bytes given back since a stream's last record that make it record again:
     /// min(record_bytes, reserve / record_share), so that a stream that gives back another's
     /// blocks (a consumer) covers them before that stream (the producer) must grow the pool.
@@ -780,8 +566,6 @@ private:
     std::size_t record_bytes_;
     std::size_t record_share_; ///< 0: record_bytes alone
     std::size_t release_threshold_; ///< pool_options::release_threshold for a pool that maps; SIZE_MAX otherwise
-    std::size_t working_set_;       ///< pool_options::stream_working_set
-    std::size_t working_set_total_; ///< pool_options::working_set_total
     int device_;
     event_pool<platform_type> events_;
     stream_table<shard> table_;
