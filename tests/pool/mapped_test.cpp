@@ -213,6 +213,30 @@ TEST_CASE("the release threshold: wholly free granules beyond it go back as they
     }
 }
 
+TEST_CASE("release_threshold = 0: a stream's own large blocks go back to the device as they come back",
+          "[pool][mapped][trim]") {
+    // One stream, layer by layer: weights taken and given back on the stream that uses them. With
+    // the threshold at 0, what its frees leave wholly free is unmapped once its event says no work
+    // uses it (at the next large free), not kept in the stream's cache until trim().
+    pool_options o = unchecked();
+    o.release_threshold = 0;
+    mapped_pool pool(o, 0, 1024 * MiB, granules());
+    custody::host::stream s;
+    for (int layer = 0; layer < 8; ++layer) {
+        std::vector<std::pair<void*, std::size_t>> weights;
+        for (int i = 0; i < 12; ++i) {
+            const std::size_t n = (3 + static_cast<std::size_t>((layer + i) % 5)) * MiB;
+            weights.emplace_back(pool.allocate(s, n, 256), n);
+        }
+        for (auto [p, n] : weights) pool.deallocate(s, p, n, 256);
+        // All but the last block (its event is recorded at that free) and a granule it shares.
+        INFO("layer " << layer << ": mapped " << pool.statistics().reserved_bytes);
+        CHECK(pool.statistics().reserved_bytes <= 10 * MiB);
+        CHECK(pool.upstream().mapped_bytes() == pool.statistics().reserved_bytes);
+    }
+    check_accounting(pool);
+}
+
 TEST_CASE("ten streams taking turns hold no more than PyTorch's allocator on the ten-stream trace",
           "[pool][mapped][streams]") {
     // The shape of a model whose layers are streamed in: one compute stream with activations, and
