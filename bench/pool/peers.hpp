@@ -37,6 +37,7 @@
 #include <cstring>
 #include <memory_resource>
 #include <new>
+#include <optional>
 #include <string>
 
 #include <dlfcn.h>
@@ -76,19 +77,20 @@ struct pool_peer {
     struct kept_graph {
         explicit kept_graph(pool_type& pool) : pool_(pool) {
             if constexpr (Variant == pool_variant::graph_kept) {
+                stream_.emplace();
                 const custody::pool::capture_pool_id id = pool.make_capture_pool_id();
-                pool.begin_allocate_to_pool(id, stream_.view());
-                block_ = pool.allocate(stream_.view(), 4096, 256);
+                pool.begin_allocate_to_pool(id, stream_->view());
+                block_ = pool.allocate(stream_->view(), 4096, 256);
                 pool.end_allocate_to_pool(id);
             }
         }
         ~kept_graph() {
-            if (block_ != nullptr) pool_.deallocate(stream_.view(), block_, 4096, 256);
+            if (block_ != nullptr) pool_.deallocate(stream_->view(), block_, 4096, 256);
         }
         kept_graph(const kept_graph&) = delete;
         kept_graph& operator=(const kept_graph&) = delete;
         pool_type& pool_;
-        custody::host::stream stream_;
+        std::optional<custody::host::stream> stream_; ///< pool_graph_kept only
         void* block_ = nullptr;
     } graph{pool};
 
