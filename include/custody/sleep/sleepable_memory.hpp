@@ -284,12 +284,12 @@ public:
     }
     /// `owner`'s blocks and state now (all zero for an owner never seen).
     [[nodiscard]] owner_memory owner_statistics(std::string_view owner) const {
-        const debug::owner_id id = detail::owner_named(owner);
+        const debug::owner_id id = debug::intern_owner(owner);
         std::lock_guard lock(mutex_);
         return ledger_.owner_totals(id);
     }
     [[nodiscard]] bool is_asleep(std::string_view owner) const {
-        const debug::owner_id id = detail::owner_named(owner);
+        const debug::owner_id id = debug::intern_owner(owner);
         std::lock_guard lock(mutex_);
         return ledger_.asleep(id);
     }
@@ -423,9 +423,7 @@ private:
             block_type& b = *plan.blocks[i];
             const std::size_t held = b.range->mapped_bytes();
             static_cast<void>(b.range->unmap());
-            for (std::size_t k = 0; k < plan.owners.size(); ++k) {
-                if (plan.owners[k].first == b.owner) plan.released[k] += held - b.range->mapped_bytes();
-            }
+            plan.released[plan.slots[i]] += held - b.range->mapped_bytes();
         };
         for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
             if (backups[i] == nullptr) release(i);
