@@ -448,13 +448,15 @@ private:
 
     // ---- wake, a ladder of named steps ----
 
-    /// Maps each block of the plan that is not mapped (a stuck one is) at the same address with
-    /// the same access, and enqueues its contents on the resource's stream, so that the next block
-    /// maps while the copies run; returns when they are all in place. out_of_memory when the device
-    /// has too little (what was mapped stays noted in plan.mapped for the undo).
+    /// Maps each block of the plan that is not usable at the same address with the same access (a
+    /// stuck one is usable as it is; one whose access a failed map left unknown is unmapped and
+    /// mapped anew, never copied into as it is), and enqueues its contents on the resource's
+    /// stream, so that the next block maps while the copies run; returns when they are all in
+    /// place. out_of_memory when the device has too little (what was mapped stays noted in
+    /// plan.mapped for the undo).
     void map_and_restore(wake_plan& plan) {
         for (block_type* b : plan.blocks) {
-            if (!b->range->is_mapped()) {
+            if (!b->range->is_usable()) {
                 if (!b->range->map()) throw_no_memory_to_wake(plan);
                 plan.mapped.push_back(b);
             }
