@@ -56,8 +56,9 @@ struct device_memory_state {
 
 /// The highest device number a snapshot takes: device_traces holds a list for every device up to
 /// the highest, so a number beyond any machine's devices is refused rather than made a list of
-/// billions (or, at INT_MAX, overflowed).
-inline constexpr int max_snapshot_device = 65535;
+/// billions (or, at INT_MAX, overflowed). PyTorch numbers devices with a small integer
+/// (c10::DeviceIndex); 1023 leaves room for any machine and keeps the lists a reader walks few.
+inline constexpr int max_snapshot_device = 1023;
 
 /// A frame of PyTorch's format.
 struct snapshot_frame {
