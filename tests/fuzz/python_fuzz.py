@@ -377,7 +377,9 @@ def main(argv):
     scratch = os.path.join(args.artifacts, "scratch-corpus")
     shutil.rmtree(scratch, ignore_errors=True)
     os.makedirs(scratch)
-    flags = ["-seed=1", "-timeout=30", "-rss_limit_mb=%d" % RSS_LIMIT_MIB, "-max_len=%d" % args.max_len,
+    # A finding exits 1, as with the own mutator (libFuzzer's own 77 is "skipped" to meson).
+    flags = ["-seed=1", "-timeout=30", "-error_exitcode=1", "-timeout_exitcode=1",
+             "-rss_limit_mb=%d" % RSS_LIMIT_MIB, "-max_len=%d" % args.max_len,
              "-artifact_prefix=%s/" % args.artifacts, "-print_final_stats=1"]
     flags += ["-runs=%d" % args.runs] if args.runs is not None else []
     flags += ["-max_total_time=%d" % args.seconds] if args.seconds is not None else []
