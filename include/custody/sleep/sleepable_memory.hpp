@@ -93,7 +93,9 @@ namespace custody::sleep {
 /// stays mapped (restored or zeroed at the wake); a block whose copy out cannot be waited for stays
 /// mapped with its contents (kept as they are at the wake); and when the wait for a failed wake's
 /// copies fails too, the blocks they may still be writing stay mapped rather than be unmapped under
-/// them.
+/// them. A block whose access failed in a wake and whose unmap then failed too is mapped with its
+/// access unknown: it is never copied into as it is; the next wake unmaps it and maps it anew, or,
+/// while it will not unmap, refuses (custody::error) and changes nothing.
 ///
 /// Stream semantics: allocate maps before it returns (usable on any stream); deallocate on a
 /// stream waits for that stream and the block's recorded ones, then unmaps. sleep and wake block
