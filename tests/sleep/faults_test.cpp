@@ -20,17 +20,9 @@
 #include <vector>
 
 using namespace custody_test::sleep_cases;
-using custody::test::platform_fault;
-using custody::test::platform_faults;
-using custody::test::vmm_fault;
-using custody::test::vmm_faults;
-using custody::test::vmm_op;
+using namespace custody_test::faulty_sleep;
 
 namespace {
-
-using custody_test::faulty_sleep::all_faults_reset;
-using custody_test::faulty_sleep::memory_type;
-using custody_test::faulty_sleep::P;
 
 struct pages {
     static bool mapped(const void* p) { return custody_test::host_pages::mapped(p); }
