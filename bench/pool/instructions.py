@@ -23,6 +23,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from custody_output import output_file  # noqa: E402  (tools/: how every custody tool writes a file)
+
 PAIR_SIZES = [64, 256, 4096, 65536, 1 << 20, 2 << 20, 16 << 20, 64 << 20]
 SCENARIOS = [f"pair:{n}" for n in PAIR_SIZES] + ["churn", "trace", "trace_unbucketed", "llm"]
 PEERS = ["pool", "pool_checked", "pool_capture_calls", "pool_graph_kept", "malloc", "pmr_unsync", "pmr_sync", "jemalloc", "mimalloc", "lifo"]
@@ -136,8 +139,8 @@ def main():
                 cells.append(ratio(row.get(f"pool_graph_kept/{one}"), row.get(f"pool/{one}")))
         print("| " + " | ".join(cells) + " |")
     if args.json:
-        with open(args.json, "x") as f:  # never overwrites (nor follows) an existing file
-            json.dump(rows, f, indent=1)
+        with output_file(args.json) as f:
+            f.write(json.dumps(rows, indent=1).encode())
 
 
 if __name__ == "__main__":
