@@ -1,7 +1,9 @@
 #!/bin/sh
 # check_leak_hunt.sh LEAK_HUNT MERGE MODE [LEAK_HUNT_UNSYMBOLIZED]: runs the leak hunt as the demo
 # does and checks what a person reads there:
-#   - each ALARM line stands under the heading of the rank it names;
+#   - each ALARM line stands under the heading of the rank it names, one trend alarm among them;
+#   - the forecast names the owner, the rank, the rate and the time left, in the program's last
+#     lines and in custody-merge's merged view;
 #   - MODE symbolized: the leak's first frame is the leaking call with its file and line
 #     ("leak_hunt.cpp:LINE in inference::remember_kv_page"); MODE unsymbolized: it says so;
 #   - custody-merge's merged view of the reports shows the same frame;
@@ -39,6 +41,10 @@ else
   echo "$frame" | grep -q 'at unsymbolized ' || fail "an unsymbolized frame does not say so"
 fi
 grep -q '^leak_hunt proved: ' "$dir/out.txt" || fail "no 'proved' line"
+[ "$(grep -c "ALARM rank 1: device 1's floor rises by 256 B a step" "$dir/out.txt")" -eq 1 ] ||
+  fail "not one trend alarm for rank 1's leak"
+grep -q "^forecast: 'decode/kv_cache' grows on rank 1 only; rank 1 runs out first: its floor rises by 256 B a step .* left before the device's budget$" "$dir/out.txt" ||
+  fail "no forecast line with the owner, the rank, the rate and the time left"
 
 # The merged view of the same reports.
 "$merge" "$dir/run"/rank-*.json > "$dir/merged.txt" 2> "$dir/merged.err" || { cat "$dir/merged.err"; fail "custody-merge failed"; }
@@ -46,6 +52,8 @@ cat "$dir/merged.txt"
 if [ "$mode" = symbolized ]; then
   grep -q "$leak_frame" "$dir/merged.txt" || fail "the merged view lacks the leak's frame"
 fi
+grep -q '^decode/kv_cache  << grows on rank 1 only$' "$dir/merged.txt" || fail "the merged view lacks the forecast"
+grep -q 'time left .*days .*<< rank 1 runs out first$' "$dir/merged.txt" || fail "the merged view lacks the time left"
 # What custody-merge says about frames it could not name is a note, not an error.
 cat "$dir/merged.err"
 if grep -i 'frame' "$dir/merged.err" | grep -qv '^custody-merge: note: '; then

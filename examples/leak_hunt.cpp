@@ -1,13 +1,17 @@
 // leak_hunt: a small multi-rank inference loop with a planted slow leak, and how the debug
 // resource finds it.
 //
-// Four ranks (threads here, processes under torchrun) each run 12 steps of data loading, prefill,
+// Four ranks (threads here, processes under torchrun) each run 20 steps of data loading, prefill,
 // decode and output through a tracking resource over their own (virtual) device. Rank 1's decode
 // keeps 256 bytes of its KV cache per step: the slow leak that only shows after hours. Each rank
-// snapshots after every step; a growth watch fires after 5 consecutive growing snapshots; the diff
-// between step 2 and step 12 names the owner and the call stack (file and line when custody is
-// built with libdw); per-rank JSON reports are merged into a cross-rank table that shows the
-// imbalance. The last line says what the run proved; the exit status is 1 when it did not.
+// snapshots after every step; a growth watch fires after 5 consecutive growing snapshots; a trend
+// watch fires once the floor of the device's live bytes rises significantly, with the rate and the
+// time left before the device's budget; the diff between step 2 and step 20 names the owner and
+// the call stack (file and line when custody is built with libdw); per-rank JSON reports are
+// merged into a cross-rank table that shows the imbalance, and a forecast per owner: the rank that
+// grows, its rate, and when it runs out. The steps take no time here; the tracker's clock counts
+// each as a 50 ms decode step, so that rates per second and times left read as in a service. The
+// last line says what the run proved; the exit status is 1 when it did not.
 //
 //   leak_hunt [DIR]   writes DIR/rank-R.json (default: the current directory); then try
 //                     custody-merge --trace trace.json DIR/rank-*.json
@@ -17,6 +21,7 @@
 #include <custody/debug/tracking_resource.hpp>
 #include <custody/resource/simulated_device_memory.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -30,8 +35,9 @@ using namespace custody::debug;
 using tracker = tracking_resource<host::simulated_device_memory>;
 
 constexpr int world = 4;
-constexpr int steps = 12;
+constexpr int steps = 20;
 constexpr int leaky_rank = 1;
+constexpr std::int64_t step_ns = 50'000'000; // a decode step, as the tracker's clock counts it
 
 } // namespace
 
@@ -53,8 +59,20 @@ namespace {
 
 using inference::block;
 
+/// "by 256 B a step (5120 B/s, confidence 0.99999996); 4864 B since step 1; 2.1 days left before the device's budget"
+std::string describe_rate(const trend& t) {
+    char text[256];
+    std::snprintf(text, sizeof text, "by %.0f B a step (%.0f B/s, confidence %.8f); %zu B since step %llu",
+                  t.bytes_per_step, t.bytes_per_second.value_or(0), t.confidence, t.leaked_bytes,
+                  static_cast<unsigned long long>(t.rise_began + 1));
+    std::string s = text;
+    if (t.seconds_left) s += "; " + custody::debug::detail::duration_text(*t.seconds_left) + " left before the device's budget";
+    return s;
+}
+
 struct rank_output {
-    std::string alarms; ///< the watch's alarms, printed under the rank's heading
+    std::string alarms; ///< the watches' alarms, printed under the rank's heading
+    int trend_alarms = 0;
     std::string log;
     leak_report grown;  ///< what appeared between step 2 and the last step and stayed
     rank_report report;
@@ -66,7 +84,10 @@ void run_rank(int rank, const std::string& dir, rank_output& out) {
     o.rank = make_rank(rank, rank, world);
     o.capture_stacks = true;
     o.on_leak = policy::ignore; // the example frees what it can and reports the rest itself
-    tracker t(o, rank, std::size_t{1} << 30);
+    o.trend.levels = 1;         // one time scale of 16 samples (the default's coarsest is 4096)
+    std::int64_t now = 0;
+    o.clock = [&now] { return now; };
+    tracker t(o, rank, std::size_t{1} << 30); // a 1 GiB device: its budget is 1 GiB less 128 MiB of headroom
     host::stream stream(rank);
     watch w;
     w.what = watch::subject::device;
@@ -78,6 +99,16 @@ void run_rank(int rank, const std::string& dir, rank_output& out) {
                       " B\n";
     };
     t.add_watch(w);
+    watch floor;
+    floor.what = watch::subject::device;
+    floor.device = rank;
+    floor.trend = true;
+    floor.callback = [&](const watch_event& e) {
+        ++out.trend_alarms;
+        out.alarms += "  ALARM rank " + std::to_string(e.rank) + ": " + e.subject + "'s floor rises " +
+                      describe_rate(e.forecast) + "\n";
+    };
+    t.add_watch(floor);
 
     std::vector<block> weights;
     {
@@ -113,7 +144,8 @@ void run_rank(int rank, const std::string& dir, rank_output& out) {
         }
         t.deallocate(stream, activations.ptr, activations.bytes, 256);
         t.deallocate(stream, batch.ptr, batch.bytes, 256);
-        snaps.push_back(t.snapshot());
+        now += step_ns;
+        snaps.push_back(t.snapshot()); // also the trend's sample of this step
     }
 
     out.grown = diff(snaps[1], snaps.back());
@@ -136,8 +168,9 @@ void run_rank(int rank, const std::string& dir, rank_output& out) {
     host::platform::synchronize(stream);
 }
 
-/// The run's verdict in one line: whether the watch, the diff and the merged table each point at
-/// the planted leak (rank 1's 'decode/kv_cache', allocated in remember_kv_page) and nothing else.
+/// The run's verdict in one line: whether the watches, the diff, the merged table and the
+/// forecast each point at the planted leak (rank 1's 'decode/kv_cache', allocated in
+/// remember_kv_page) and nothing else.
 std::pair<bool, std::string> verdict(const std::vector<rank_output>& outputs, const cross_rank_view& view) {
     std::string site;
     bool alone = true;
@@ -147,8 +180,9 @@ std::pair<bool, std::string> verdict(const std::vector<rank_output>& outputs, co
             alone = alone && o.alarms.empty() && o.grown.empty();
             continue;
         }
-        if (o.alarms.empty() || o.grown.groups.size() != 1 || o.grown.groups[0].owner != "decode/kv_cache") {
-            return {false, "rank 1's leak was not found by both the watch and the diff"};
+        if (o.alarms.empty() || o.trend_alarms != 1 || o.grown.groups.size() != 1 ||
+            o.grown.groups[0].owner != "decode/kv_cache") {
+            return {false, "rank 1's leak was not found by the watches (growth, one trend alarm) and the diff"};
         }
         const auto& stack = o.grown.groups[0].stack;
         if (stack.empty()) return {false, "the diff has no call stack"};
@@ -164,8 +198,26 @@ std::pair<bool, std::string> verdict(const std::vector<rank_output>& outputs, co
     if (view.imbalanced(1.5) != std::vector<std::string>{"decode/kv_cache"}) {
         return {false, "the merged table did not single out decode/kv_cache"};
     }
-    return {true, "the growth watch, the step diff and the cross-rank table all found rank 1's slow leak in "
-                  "'decode/kv_cache', at " + site};
+    if (view.forecasts.size() != 1 || view.forecasts[0].owner != "decode/kv_cache" ||
+        view.forecasts[0].only_rank(world) != leaky_rank || view.forecasts[0].first_out != leaky_rank) {
+        return {false, "the forecast did not name decode/kv_cache growing on rank 1 only"};
+    }
+    return {true, "the growth and trend watches, the step diff, the cross-rank table and the forecast all found "
+                  "rank 1's slow leak in 'decode/kv_cache', at " + site};
+}
+
+/// The forecast in one line per owner that grows: where, how fast, and when it runs out.
+std::string forecast_lines(const cross_rank_view& view) {
+    std::string out;
+    for (const owner_forecast& f : view.forecasts) {
+        if (!f.first_out) continue;
+        const trend& t = *f.at(*f.first_out);
+        out += "forecast: '" + f.owner + "' grows on " +
+               (f.only_rank(world) ? "rank " + std::to_string(*f.first_out) + " only"
+                                   : std::to_string(f.rising.size()) + " ranks") +
+               "; rank " + std::to_string(*f.first_out) + " runs out first: its floor rises " + describe_rate(t) + "\n";
+    }
+    return out;
 }
 
 } // namespace
@@ -177,7 +229,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < world; ++r) ranks.emplace_back(run_rank, r, dir, std::ref(outputs[static_cast<std::size_t>(r)]));
     for (auto& t : ranks) t.join();
     std::vector<rank_report> reports;
-    std::puts("leak_hunt: 4 ranks on the host platform (threads over virtual devices), 12 steps each");
+    std::puts("leak_hunt: 4 ranks on the host platform (threads over virtual devices), 20 steps each");
     for (int r = 0; r < world; ++r) {
         const rank_output& o = outputs[static_cast<std::size_t>(r)];
         std::printf("rank %d:\n%s%s", r, o.alarms.c_str(), o.log.c_str());
@@ -186,6 +238,7 @@ int main(int argc, char** argv) {
     const cross_rank_view view = merge_reports(reports);
     std::printf("\nlive bytes per owner and rank at the end:\n%s", format_table(view, 1.5).c_str());
     for (const auto& o : view.imbalanced(1.5)) std::printf("imbalanced across ranks: %s\n", o.c_str());
+    std::printf("%s", forecast_lines(view).c_str());
     std::printf("reports: %s/rank-*.json\n", dir.c_str());
     const auto [proved, what] = verdict(outputs, view);
     std::printf("%s %s\n", proved ? "leak_hunt proved:" : "leak_hunt did NOT prove its point:", what.c_str());

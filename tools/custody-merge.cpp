@@ -1,6 +1,8 @@
 // custody-merge: merges the per-rank JSON reports of custody::debug::tracking_resource into one
-// cross-rank table (owners x ranks, max, mean, max/mean), the largest live groups of each rank
-// with their call stacks, and a Chrome/Perfetto trace. Frames a rank could not symbolize
+// cross-rank table (owners x ranks, max, mean, max/mean), the forecast of the owners whose floor
+// rises (each rank's rate and time left, the rank that runs out first, an owner growing on one
+// rank only), the largest live groups of each rank with their call stacks, and a Chrome/Perfetto
+// trace. Frames a rank could not symbolize
 // ("unsymbolized [MODULE+0xOFFSET]") are symbolized here from their modules, found at the
 // recorded path or by file name under a --symbols directory.
 //
@@ -29,9 +31,10 @@ namespace {
 constexpr const char* usage =
     "usage: custody-merge [--table FILE] [--trace FILE] [--threshold X] [--fail-on-imbalance]\n"
     "                     [--stacks N] [--symbols DIR]... REPORT...\n"
-    "  Merges per-rank custody debug reports. Prints the owners x ranks table and the largest\n"
-    "  live groups of each rank with their call stacks (or writes them to --table), writes a\n"
-    "  Chrome/Perfetto trace to --trace (open it in ui.perfetto.dev).\n"
+    "  Merges per-rank custody debug reports. Prints the owners x ranks table, the forecast of\n"
+    "  the owners whose floor rises (rate and time left per rank) and the largest live groups of\n"
+    "  each rank with their call stacks (or writes them to --table), writes a Chrome/Perfetto\n"
+    "  trace to --trace (open it in ui.perfetto.dev).\n"
     "  --threshold X: owners whose max/mean over ranks exceeds X are marked (default 1.5).\n"
     "  --stacks N: call stacks of the N largest live groups of each rank (default 3; 0: none);\n"
     "  the groups left out are counted with their bytes.\n"
@@ -154,6 +157,16 @@ int main(int argc, char** argv) {
         const auto imbalanced = view.imbalanced(threshold);
         for (const auto& o : imbalanced) {
             std::fprintf(stderr, "custody-merge: owner '%s' is imbalanced across ranks\n", o.c_str());
+        }
+        for (const auto& f : view.forecasts) {
+            const auto only = f.only_rank(view.world_size);
+            std::string where = only ? "on rank " + std::to_string(*only) + " only"
+                                     : "on " + std::to_string(f.rising.size()) + " ranks";
+            if (f.first_out) {
+                where += "; rank " + std::to_string(*f.first_out) + " runs out first, in " +
+                         custody::debug::detail::forecast_cell(f.at(*f.first_out), 2);
+            }
+            std::fprintf(stderr, "custody-merge: owner '%s' leaks slowly %s\n", f.owner.c_str(), where.c_str());
         }
         return fail_on_imbalance && !imbalanced.empty() ? 3 : 0;
     } catch (const custody::debug::report_error& e) {

@@ -1,6 +1,8 @@
 // What tracking costs: an allocate+deallocate pair through tracking_resource (ledger only; with
-// canaries and poison; with call stacks) side by side with the untracked upstream, in one run.
-// Names: tracking_overhead/<resource>/<bytes>. The overhead is the difference of the pairs' times.
+// canaries and poison; with call stacks; with a trend sample every N allocations) side by side with
+// the untracked upstream, in one run. Names: tracking_overhead/<resource>/<bytes>. The overhead is
+// the difference of the pairs' times. And what one trend sample costs with N owners
+// (trend_sample/<owners>), all of its time scales testing.
 // And what a call stack costs apart (call_stack/...): capturing one (addresses only, on every
 // allocation with capture_stacks), and symbolizing one when a report is made: the first time
 // (modules opened, symbol and line tables read), a lookup with the modules open, and a repeat.
@@ -11,7 +13,9 @@
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include <execinfo.h>
 
@@ -79,6 +83,34 @@ void untracked_busy(benchmark::State& state) {
     for (void*& p : held) p = r.allocate({}, 64, 256);
     pair_loop(state, r);
     for (void* p : held) r.deallocate({}, p, 64, 256);
+}
+
+/// Owners that have all allocated once: what a trend sample walks.
+void touch_owners(tracking_resource<host_memory>& r, int owners) {
+    for (int i = 0; i < owners; ++i) {
+        const std::string name = "layer." + std::to_string(i);
+        r.deallocate({}, r.allocate({}, 64, 256, name), 64, 256);
+    }
+}
+
+/// A trend sample every N allocations (the argument's second value), four owners.
+void tracked_trend(benchmark::State& state) {
+    tracking_options o = options(false, false);
+    o.trend.every_allocations = static_cast<std::uint64_t>(state.range(1));
+    tracking_resource<host_memory> r(o);
+    touch_owners(r, 4);
+    custody::debug::owner_scope scope("layer.0");
+    pair_loop(state, r);
+}
+
+/// One sample() with N owners (and one device), after enough samples that every time scale tests
+/// (the finest at each sample; the coarser ones at their windows' ends).
+void trend_sample(benchmark::State& state) {
+    tracking_resource<host_memory> r(options(false, false));
+    touch_owners(r, static_cast<int>(state.range(0)));
+    for (int i = 0; i < 9000; ++i) r.sample();
+    for (auto _ : state) r.sample();
+    state.SetItemsProcessed(state.iterations());
 }
 
 /// A stack as deep as an allocation's in an application: a few frames below the benchmark loop.
@@ -151,6 +183,8 @@ BENCHMARK(untracked_busy)->Name("tracking_overhead/host_memory+1024_live")->Arg(
 BENCHMARK(tracked_ledger_busy)->Name("tracking_overhead/tracking<host_memory>+1024_live")->Arg(256);
 BENCHMARK(tracked_canaries_poison)->Name("tracking_overhead/tracking<host_memory>+canaries+poison")->Arg(256)->Arg(4096);
 BENCHMARK(tracked_call_stacks)->Name("tracking_overhead/tracking<host_memory>+call_stacks")->Arg(256);
+BENCHMARK(tracked_trend)->Name("tracking_overhead/tracking<host_memory>+trend_every")->Args({256, 1000})->Args({256, 100})->Args({256, 1});
+BENCHMARK(trend_sample)->Name("trend_sample")->Arg(4)->Arg(64)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK(capture)->Name("call_stack/capture");
 BENCHMARK(symbolize_first)->Name("call_stack/symbolize_first")->Unit(benchmark::kMillisecond);

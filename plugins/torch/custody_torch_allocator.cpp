@@ -70,6 +70,33 @@ int fill_counters(int device, Out* out, Pick pick) noexcept {
     });
 }
 
+/// custody_configure's trend_ options (trend_options' integers), each within its range.
+int configure_trend(const std::string& key, std::uint64_t value) {
+    options_state& o = options();
+    const auto within = [&](std::uint64_t least, std::uint64_t most) {
+        if (value >= least && value <= most) return true;
+        refuse("custody: option '" + key + "' = " + std::to_string(value) + " is outside " + std::to_string(least) +
+               " .. " + std::to_string(most));
+        return false;
+    };
+    if (key == "trend_every_allocations") {
+        o.trend_every.store(value);
+    } else if (key == "trend_window_samples") {
+        if (!within(1, 1u << 20)) return -1;
+        o.trend_window.store(static_cast<std::uint32_t>(value));
+    } else if (key == "trend_levels") {
+        if (!within(1, 8)) return -1;
+        o.trend_levels.store(static_cast<std::uint32_t>(value));
+    } else if (key == "trend_windows") {
+        if (!within(4, 64)) return -1;
+        o.trend_windows.store(static_cast<std::uint32_t>(value));
+    } else {
+        return refuse("custody: unknown option '" + key + "'");
+    }
+    set_error("");
+    return 0;
+}
+
 /// The owner scopes this thread opened through custody_owner_push, innermost last.
 std::vector<std::unique_ptr<custody::debug::owner_scope>>& owner_stack() {
     thread_local std::vector<std::unique_ptr<custody::debug::owner_scope>> stack;
@@ -192,9 +219,11 @@ CUSTODY_EXPORT ssize_t custody_backing(int device, char* buffer, size_t capacity
 CUSTODY_EXPORT int custody_configure(const char* name, uint64_t value) {
     const std::string key = name != nullptr ? name : "";
     options_state& o = options();
-    if (key != "max_bytes" && key != "device_headroom" && key != "tracking" && key != "stacks" && key != "chunked") {
+    if (key != "max_bytes" && key != "device_headroom" && key != "tracking" && key != "stacks" && key != "chunked" &&
+        !key.starts_with("trend_")) {
         return refuse("custody: unknown option '" + key +
-                      "' (known: max_bytes, device_headroom, tracking, stacks, chunked)");
+                      "' (known: max_bytes, device_headroom, tracking, stacks, chunked, trend_every_allocations, "
+                      "trend_window_samples, trend_levels, trend_windows)");
     }
     if (o.made.load()) {
         return refuse("custody: option '" + key + "' set after the first allocation; set options before it");
@@ -203,6 +232,7 @@ CUSTODY_EXPORT int custody_configure(const char* name, uint64_t value) {
         return refuse("custody: option 'chunked' set after device " + std::to_string(decided) +
                       "'s backing was decided (by custody_backing or an allocation); set it before");
     }
+    if (key.starts_with("trend_")) return configure_trend(key, value);
     if (key == "tracking") {
         o.tracking.store(value != 0);
     } else if (key == "stacks") {
@@ -356,6 +386,10 @@ CUSTODY_EXPORT ssize_t custody_report_json(int device, char* buffer, size_t capa
     } catch (const std::exception& e) {
         return refuse(e.what());
     }
+}
+
+CUSTODY_EXPORT int custody_sample(int device) {
+    return checked([&] { with_tracker(device, [](auto& tracker) { tracker.sample(); }); });
 }
 
 CUSTODY_EXPORT int custody_write_report(int device, const char* path) {

@@ -60,8 +60,11 @@ void custody_free(void* ptr, ssize_t size, int device, void* stream);
  * allocation goes through custody's tracking resource, for owners, snapshots and per-rank reports),
  * "stacks" (1: with tracking, each allocation's call stack is kept, for leak reports and
  * snapshots) or "chunked" (1: the pools take chunks from cudaMalloc instead of mapping granules,
- * see custody_backing; CUSTODY_BACKING, when set, wins). Returns 0, or -1 (see custody_last_error)
- * for an unknown name or once a pool exists. */
+ * see custody_backing; CUSTODY_BACKING, when set, wins); with tracking, the slow leak forecast's
+ * "trend_every_allocations" (the trackers sample every N allocations; 0, the default: at
+ * custody_sample only), "trend_window_samples" (1..2^20), "trend_levels" (1..8) and
+ * "trend_windows" (4..64) (custody/debug/trend.hpp). Returns 0, or -1 (see custody_last_error)
+ * for an unknown name, a value out of range or once a pool exists. */
 int custody_configure(const char* name, uint64_t value);
 /* Caps device's pool at bytes (PyTorch's set_per_process_memory_fraction), before or after the
  * device's first allocation alike: it grows no further beyond them (0: nothing more is allocated;
@@ -137,13 +140,17 @@ size_t custody_report(char* buffer, size_t capacity);
  * push/pop return 0 or -1; custody_owner_current copies the current owner's name (as
  * custody_report). custody_report_json copies the rank's report on device (device -1: the first
  * device in use) as JSON, in the schema of docs/debug-report-schema.json (its "owners": live
- * memory per owner), and returns its length, or -1; custody_write_report writes it to path (what
- * custody-merge reads); 0 or -1. */
+ * memory per owner; its "trends": the floor trend of each owner and device), and returns its
+ * length, or -1; custody_write_report writes it to path (what custody-merge reads); 0 or -1.
+ * custody_sample takes a trend sample of device's tracker (tracking_resource::sample: each
+ * owner's floor tested for a slow leak); 0 or -1. The trend_ options of custody_configure set when
+ * the trackers sample by themselves and the scales they test. */
 int custody_owner_push(const char* name);
 int custody_owner_pop(void);
 size_t custody_owner_current(char* buffer, size_t capacity);
 ssize_t custody_report_json(int device, char* buffer, size_t capacity);
 int custody_write_report(int device, const char* path);
+int custody_sample(int device);
 
 /* A memory snapshot in the format of PyTorch's torch.cuda.memory._dump_snapshot() (a pickle that
  * PyTorch's memory viewer reads; docs/interop-pytorch.md), of every device this process's tracked

@@ -108,6 +108,10 @@ struct options_state {
     std::atomic<bool> stacks{false};                ///< the tracker captures call stacks
     std::atomic<bool> chunked{false};               ///< the chunked backing was asked for (CUSTODY_BACKING wins)
     std::atomic<std::size_t> history_entries{0};    ///< each device's history keeps this many events
+    std::atomic<std::uint64_t> trend_every{0};      ///< the trackers sample every N allocations (0: when asked)
+    std::atomic<std::uint32_t> trend_window{1};     ///< trend_options::window_samples
+    std::atomic<std::uint32_t> trend_levels{5};     ///< trend_options::levels
+    std::atomic<std::uint32_t> trend_windows{16};   ///< trend_options::windows
     std::atomic<bool> made{false};                  ///< a pool of the whole-process allocator exists
     std::mutex mutex;                               ///< guards device_max_bytes
     std::map<int, std::size_t> device_max_bytes;    ///< set_max_bytes for devices whose pool is not made yet
@@ -275,9 +279,11 @@ inline backing known_backing(int device) noexcept {
 
 /// The tracker's options under PyTorch: no guard bytes nor poison (device memory, written on the
 /// streams PyTorch owns), violations logged rather than thrown into PyTorch, rank from the
-/// launcher's environment (torchrun's RANK, LOCAL_RANK, WORLD_SIZE), stacks when configured, and
-/// the device's history.
-inline custody::debug::tracking_options tracker_options(std::shared_ptr<custody::debug::allocation_history> history) {
+/// launcher's environment (torchrun's RANK, LOCAL_RANK, WORLD_SIZE), stacks when configured, the
+/// device's history, and the trend's samples and scales as configured, its time left counted down
+/// to the pool's device budget (`p`'s headroom; on the host build, the virtual device's size).
+inline custody::debug::tracking_options tracker_options(std::shared_ptr<custody::debug::allocation_history> history,
+                                                        const custody::pool::pool_options& p) {
     custody::debug::tracking_options o;
     o.name = "torch";
     o.canaries = false;
@@ -286,6 +292,15 @@ inline custody::debug::tracking_options tracker_options(std::shared_ptr<custody:
     o.release_leaks = false;
     o.capture_stacks = options().stacks.load();
     o.history = std::move(history);
+    o.trend.every_allocations = options().trend_every.load();
+    o.trend.window_samples = options().trend_window.load();
+    o.trend.levels = options().trend_levels.load();
+    o.trend.windows = options().trend_windows.load();
+    o.trend.headroom_bytes = p.device_headroom;
+#if !defined(CUSTODY_TORCH_CUDA)
+    const std::size_t headroom = options().headroom.load() == SIZE_MAX ? 0 : options().headroom.load();
+    o.trend.budget_bytes = host_capacity(p) > headroom ? host_capacity(p) - headroom : 1;
+#endif
     return o;
 }
 
@@ -328,7 +343,7 @@ std::unique_ptr<Resource> make_resource(int device) {
             if (static_cast<std::size_t>(device) < all.size()) all[static_cast<std::size_t>(device)] = history;
         }
         return with_leaf_arguments<Leaf>(device, p, [&](auto&&... leaf) {
-            return std::make_unique<Resource>(tracker_options(history), p, history, leaf...);
+            return std::make_unique<Resource>(tracker_options(history, p), p, history, leaf...);
         });
     } else {
         return with_leaf_arguments<Leaf>(device, p, [&](auto&&... leaf) { return std::make_unique<Resource>(p, leaf...); });

@@ -46,7 +46,9 @@ INT_MAX = (1 << 31) - 1
 U64_MAX = (1 << 64) - 1
 SIZE_MAX = (1 << 63) - 1  # custody_alloc's ssize_t
 # custody_configure's options and the values each takes (device_headroom's 2^64-1 means "not set").
-CONFIGURE_RANGES = {"max_bytes": (0, U64_MAX), "device_headroom": (0, U64_MAX - 1), "tracking": (0, 1), "chunked": (0, 1)}
+CONFIGURE_RANGES = {"max_bytes": (0, U64_MAX), "device_headroom": (0, U64_MAX - 1), "tracking": (0, 1), "chunked": (0, 1),
+                    "trend_every_allocations": (0, U64_MAX), "trend_window_samples": (1, 1 << 20),
+                    "trend_levels": (1, 8), "trend_windows": (4, 64)}
 
 
 def check_integer(value, what, lowest, highest):
@@ -181,6 +183,7 @@ class Library:
             "custody_owner_current": (size_t, [ctypes.c_char_p, size_t]),
             "custody_report_json": (ssize_t, [c_int, ctypes.c_char_p, size_t]),
             "custody_write_report": (c_int, [c_int, ctypes.c_char_p]),
+            "custody_sample": (c_int, [c_int]),
             "custody_set_max_bytes": (c_int, [c_int, u64]),
             "custody_backing": (ssize_t, [c_int, ctypes.c_char_p, size_t]),
             "custody_set_out_of_memory_callback": (c_int, [_OOM_CALLBACK, vp]),
@@ -243,7 +246,8 @@ class Library:
     def configure(self, name, value):
         """Sets an option of the pools before the first allocation: max_bytes (0 .. 2^64-1; 0: no
         cap), device_headroom (0 .. 2^64-2), tracking, stacks, chunked (0 or 1; chunked: cudaMalloc
-        chunks rather than mapped granules, see backing()). Raises CustodyError naming the option for
+        chunks rather than mapped granules, see backing()), and the trend's (CONFIGURE_RANGES;
+        custody.configure_tracking(trend=...) sets them). Raises CustodyError naming the option for
         a value out of its range or not an integer (nothing is set then)."""
         key = check_text(name, "option name")
         lowest, highest = CONFIGURE_RANGES.get(name, (0, U64_MAX))
@@ -310,6 +314,12 @@ class Library:
 
     def write_report(self, device, path):
         self._check(self._lib.custody_write_report(_device(device), _check_path(path)))
+
+    def sample(self, device=-1):
+        """Takes a trend sample of `device`'s tracker (tracking on; -1: the first device in use):
+        each owner's floor since the previous sample is tested for a slow leak (the report's
+        "trends")."""
+        self._check(self._lib.custody_sample(_device(device)))
 
     def set_max_bytes(self, device, max_bytes):
         """Caps `device`'s pool at `max_bytes` from now on (set_per_process_memory_fraction), before

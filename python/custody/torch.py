@@ -44,7 +44,7 @@ from ._library import OUT_OF_MEMORY_MARK, CustodyError, library, library_path
 from .ranks import claim_device, rank_info
 from .torch_sleep import (CaptureOpenError, OwnerAsleepError, OwnerAwakeError, SleepError, is_asleep,
                           release_host_memory, sleep, sleep_stats, sleepable, sleepable_pool, wake)
-from .tracking import LeakWatch, diff, owner, snapshot, write_report
+from .tracking import LeakWatch, configure_tracking, diff, owner, snapshot, write_report
 
 __all__ = ["enable", "enabled", "memory_stats", "memory_summary", "oom_as_torch_error", "on_out_of_memory",
            "TooLateError", "owner", "snapshot", "diff", "LeakWatch", "write_report", "mem_pool", "mem_pool_stats",
@@ -64,7 +64,7 @@ def enabled():
 
 
 def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=None, stacks=None, backing=None,
-           library_file=None):
+           library_file=None, trend=None):
     """Makes custody PyTorch's CUDA allocator. Call it before anything touches CUDA (right after
     `import torch`): PyTorch cannot change allocators once CUDA is initialized, and this raises
     TooLateError then.
@@ -80,10 +80,13 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
     in, "mapped" (2 MiB granules mapped into one address range per device, given back as the pool
     trims) or "chunked" (cudaMalloc chunks: for memory that cudaIpcGetMemHandle or RDMA registration
     must accept, which refuse mapped memory; a device without virtual memory management gets them
-    anyway; custody.library().backing(device) says what a device has). Each is overridden by its
-    environment variable (custody.options.ENVIRONMENT: CUSTODY_MAX_BYTES, CUSTODY_DEVICE_HEADROOM,
-    CUSTODY_TRACKING, CUSTODY_CLAIM_DEVICE, CUSTODY_STACKS, CUSTODY_BACKING), for jobs launched by
-    torchrun. Returns the options in force."""
+    anyway; custody.library().backing(device) says what a device has); trend: with tracking, the
+    slow-leak forecast's options (custody.configure_tracking's trend: a dict of every_allocations,
+    window_samples, levels, windows; each LeakWatch(trend=True).check() is a sample, and the rank's
+    reports carry every owner's trend). Each but trend is overridden by its environment variable
+    (custody.options.ENVIRONMENT: CUSTODY_MAX_BYTES, CUSTODY_DEVICE_HEADROOM, CUSTODY_TRACKING,
+    CUSTODY_CLAIM_DEVICE, CUSTODY_STACKS, CUSTODY_BACKING), for jobs launched by torchrun. Returns
+    the options in force."""
     import torch
 
     if enabled():
@@ -102,7 +105,7 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
     for name in ("max_bytes", "device_headroom"):
         if chosen[name] is not None:
             lib.configure(name, chosen[name])
-    lib.configure("tracking", 1 if chosen["tracking"] else 0)
+    configure_tracking(bool(chosen["tracking"]), trend=trend, lib=lib)
     lib.configure("stacks", 1 if chosen["stacks"] else 0)
     lib.configure("chunked", 1 if chosen["backing"] == "chunked" else 0)
     allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "custody_torch_malloc", "custody_free")

@@ -1,8 +1,9 @@
 #!/bin/sh
 # multi_rank.sh WORKER MERGE N: runs N rank_worker processes at once (RANK, LOCAL_RANK, WORLD_SIZE
 # set as torchrun does), merges their reports with custody-merge, and checks that the merge finds
-# the imbalance planted on rank 2, that the trace has every rank's tracks, and that missing,
-# truncated and mismatched reports are refused with clear errors.
+# the imbalance planted on rank 2 and forecasts the slow leak planted on rank 1 (growing there
+# only, running out first), that the trace has every rank's tracks, and that missing, truncated
+# and mismatched reports are refused with clear errors.
 set -eu
 worker=$1; merge=$2; n=$3
 dir=$(mktemp -d)
@@ -23,6 +24,11 @@ cat "$dir/table.txt"
 grep -q 'decode/kv_cache.*<< imbalanced' "$dir/table.txt" || fail "the planted imbalance was not marked"
 grep -q "owner 'decode/kv_cache' is imbalanced" "$dir/merge.err" || fail "no imbalance message"
 if grep -q 'prefill.*<< imbalanced' "$dir/table.txt"; then fail "a balanced owner was marked"; fi
+grep -q '^output  << grows on rank 1 only$' "$dir/table.txt" || fail "the slow leak on rank 1 was not forecast"
+grep -q 'time left .*<< rank 1 runs out first$' "$dir/table.txt" || fail "the rank that runs out first was not marked"
+[ "$(grep -c 'grows on rank' "$dir/table.txt")" -eq 1 ] || fail "an owner without a leak was forecast to grow"
+grep -q "owner 'output' leaks slowly on rank 1 only; rank 1 runs out first, in " "$dir/merge.err" ||
+  fail "no forecast message: $(cat "$dir/merge.err")"
 "$worker" --check-trace "$dir/trace.json" "$n" || fail "the trace lacks tracks"
 set +e
 "$merge" --fail-on-imbalance $reports > /dev/null 2>&1
@@ -45,4 +51,4 @@ expect_error truncated "$dir/rank-0.json" "$dir/cut.json"
 expect_error mismatched $reports "$dir/rank-1.json"           # rank 1 twice
 echo '{"schema": "something.else", "version": 1}' > "$dir/other.json"
 expect_error malformed "$dir/other.json"
-echo "multi-rank: $n ranks merged, imbalance found, bad inputs refused"
+echo "multi-rank: $n ranks merged, imbalance found, slow leak forecast, bad inputs refused"

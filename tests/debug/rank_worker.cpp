@@ -1,6 +1,7 @@
 // One rank of the multi-rank test: reads its rank from the environment (RANK, LOCAL_RANK,
 // WORLD_SIZE), runs a few "inference steps" through a tracking resource over its virtual device,
-// and writes its report to DIR/rank-R.json. Rank 2 holds a planted extra KV cache.
+// then 20 decode steps with a trend sample each, and writes its report to DIR/rank-R.json. Rank 2
+// holds a planted extra KV cache; rank 1's output keeps 128 B a decode step (a slow leak).
 //
 //   rank_worker DIR                     write this rank's report
 //   rank_worker --check-trace FILE N    check that a merged trace has N ranks and the owners' tracks
@@ -67,6 +68,7 @@ int main(int argc, char** argv) {
     o.name = "rank" + std::to_string(rank.rank);
     o.rank = rank;
     o.on_leak = policy::ignore;
+    o.trend.levels = 1; // one time scale of 16 samples: the 20 decode steps below show a rise
     tracking_resource<host::simulated_device_memory> t(o, rank.local_rank % host::platform::device_count(),
                                                           std::size_t{1} << 30);
     host::stream stream(rank.local_rank % host::platform::device_count());
@@ -93,6 +95,18 @@ int main(int argc, char** argv) {
             cache.emplace_back(t.allocate(stream, 512, 256), 512);
         }
         static_cast<void>(t.snapshot());
+    }
+    for (int step = 0; step < 20; ++step) {
+        {
+            owner_scope s("decode");
+            owner_scope kv("kv_cache");
+            t.deallocate(stream, t.allocate(stream, 8192, 256), 8192, 256);
+        }
+        if (rank.rank == 1) {
+            owner_scope s("output");
+            cache.emplace_back(t.allocate(stream, 128, 256), 128); // the slow leak
+        }
+        t.sample();
     }
     const std::string path = std::string(argv[1]) + "/" + report_file_name(rank);
     write_json_report(t.make_report(), path);

@@ -1,5 +1,5 @@
 // A small JSON Schema checker for the tests: the keywords docs/debug-report-schema.json uses
-// (type, const, enum, minimum, required, properties, additionalProperties, items, $ref to
+// (type, const, enum, minimum, maximum, required, properties, additionalProperties, items, $ref to
 // #/$defs/...). Returns the list of violations, each with its JSON path. "integer" means what the
 // reader holds as one: written without fraction or exponent, within int64 or uint64. And the
 // schema itself, report_schema(), from the path the build gives (CUSTODY_SCHEMA_PATH).
@@ -105,6 +105,9 @@ private:
         }
         if (const value* m = schema.find("minimum"); m != nullptr && v.is_number() && below(v, *m)) {
             errors_.push_back(path + ": below the minimum");
+        }
+        if (const value* m = schema.find("maximum"); m != nullptr && v.is_number() && v.as_number() > m->as_number()) {
+            errors_.push_back(path + ": above the maximum");
         }
         if (v.is_object()) {
             if (const value* req = schema.find("required")) {

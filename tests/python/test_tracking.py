@@ -1,6 +1,7 @@
 """Tracking from Python over the host build: owner scopes, snapshots, diffs, the leak watch, the
 per-rank reports and their merge. Each case runs in a fresh process: tracking is chosen before the
 library's first allocation."""
+import json
 import pathlib
 
 import pytest
@@ -94,6 +95,89 @@ def test_leak_watch_alarms_on_threshold_and_on_steady_growth_only():
         custody.LeakWatch(threshold_bytes=1).check()  # no callback: logged
         assert any("cache" in r.getMessage() for r in records)
     """)
+
+
+SEQUENCE = ROOT / "tests" / "debug" / "trend_sequence.txt"
+
+
+def test_the_trend_reads_the_shared_sequence_as_the_cpp_test_does():
+    # tests/debug/trend_sequence.txt: the C++ test (trend_test.cpp) feeds the same live bytes to a
+    # tracker the same way and checks the same expectations, so the two read one sequence alike.
+    done = run_python("""
+        import json, sys, custody
+        options, expect, live = {}, {}, []
+        for line in open(sys.argv[1]):
+            words = line.split()
+            if not words or words[0].startswith("#"):
+                continue
+            if words[0] == "live":
+                live += [int(w) for w in words[1:]]
+            else:
+                (options if words[0] == "options" else expect).update(w.split("=") for w in words[1:])
+        custody.configure_tracking(trend={k: int(v) for k, v in options.items()})
+        lib = custody.library()
+        watch = custody.LeakWatch(trend=True, owners=["sequence"], callback=lambda alarm: None)
+        blocks, now, alarms = [], 0, []
+        with custody.owner("sequence"):
+            for k, target in enumerate(live):
+                while now > target:                  # whole blocks from the top, then up to it
+                    address, size = blocks.pop()
+                    lib.free(address, size, 0)
+                    now -= size
+                if target > now:
+                    blocks.append((lib.alloc(target - now, 0), target - now))
+                    now = target
+                alarms += [(k, a) for a in watch.check()]
+        trend = alarms[-1][1]["trend"] if alarms else None
+        final = next(t for t in lib.rank_report()["trends"]["owners"] if t["owner"] == "sequence")
+        print(json.dumps({"alarms": len(alarms), "alarm_sample": alarms[0][0] if alarms else None,
+                          "final": final, "expect": expect, "reason": alarms[0][1]["reason"] if alarms else None}))
+    """, args=[SEQUENCE])
+    out = json.loads(done.stdout)
+    expect, final = {k: float(v) for k, v in out["expect"].items()}, out["final"]
+    assert out["alarms"] == expect["alarms"] and out["alarm_sample"] == expect["alarm_sample"], out
+    assert final["rising"] == bool(expect["rising"])
+    assert final["bytes_per_step"] == pytest.approx(expect["bytes_per_step"], rel=1e-9)
+    assert final["rise_began"] == expect["rise_began"]
+    assert final["leaked_bytes"] == expect["leaked_bytes"]
+    assert final["confidence"] == pytest.approx(expect["confidence"], rel=1e-9)
+    assert out["reason"].startswith("its floor rises: +"), out["reason"]
+
+
+def test_leak_watch_trend_alarms_once_per_rise_with_the_forecast_and_reports_carry_it(tmp_path):
+    run_python("""
+        import json, sys, custody
+        def refused(trend, word):
+            try:
+                custody.configure_tracking(trend=trend)
+            except custody.CustodyError as e:
+                assert word in str(e), e
+            else:
+                raise AssertionError("trend=%r was accepted" % trend)
+        refused({"windowz": 4}, "unknown trend option")
+        refused({"windows": 3}, "trend_windows")
+        custody.configure_tracking(trend={"levels": 1, "windows": 16})
+        lib = custody.library()
+        alarms = []
+        watch = custody.LeakWatch(trend=True, callback=alarms.append)
+        kept = []
+        for step in range(60):
+            with custody.owner("decode/activations"):
+                scratch = lib.alloc((1 << 20) + (step % 3 << 18), 0)
+            with custody.owner("decode/kv_cache"):
+                kept.append(lib.alloc(64 << 10, 0))   # the leak: 64 KiB a step
+            lib.free(scratch, (1 << 20) + (step % 3 << 18), 0)
+            watch.check()
+        assert [a["owner"] for a in alarms] == ["decode/kv_cache"], alarms
+        trend = alarms[0]["trend"]
+        assert trend["rising"] and trend["bytes_per_step"] == 64 << 10, trend
+        assert trend["steps_left"] > 0 and trend["confidence"] > 0.9999, trend
+        path = custody.write_report(sys.argv[1])
+        report = json.load(open(path))
+        kv = next(t for t in report["trends"]["owners"] if t["owner"] == "decode/kv_cache")
+        assert kv["alarms"] == 1 and kv["leaked_bytes"] == 59 * (64 << 10), kv
+        assert report["trends"]["samples"] == 60 and report["trends"]["budget_bytes"] > 0, report["trends"]
+    """, args=[tmp_path])
 
 
 def test_tracking_off_says_how_to_turn_it_on():

@@ -1,11 +1,12 @@
 /// @file
 /// Merges N per-rank reports into one cross-rank view: a table of live bytes per owner and rank
-/// with the imbalance (max / mean over ranks), the largest live groups' call stacks, and a
-/// Chrome/Perfetto trace with one process per
-/// rank and a counter track per owner. Used by tools/custody-merge.
+/// with the imbalance (max / mean over ranks), the forecast of the owners whose floor rises
+/// (forecast.hpp), the largest live groups' call stacks, and a Chrome/Perfetto trace with one
+/// process per rank and a counter track per owner. Used by tools/custody-merge.
 #pragma once
 
 #include <custody/debug/detail/json.hpp>
+#include <custody/debug/forecast.hpp>
 #include <custody/debug/json_report.hpp>
 #include <custody/debug/report.hpp>
 
@@ -32,6 +33,7 @@ struct cross_rank_view {
     std::vector<std::vector<std::size_t>> bytes;   ///< [owner][rank]
     std::vector<std::size_t> rank_totals;          ///< [rank]: live bytes of the rank
     std::vector<std::optional<upstream_usage>> upstream; ///< [rank]: the rank's upstream (pool), when reported
+    std::vector<owner_forecast> forecasts;         ///< the owners whose floor rises on some rank (forecast.hpp)
 
     [[nodiscard]] std::size_t max_of(std::size_t owner) const {
         return *std::max_element(bytes[owner].begin(), bytes[owner].end());
@@ -154,8 +156,10 @@ inline std::string describe_missing(const std::vector<int>& present, int world_s
     v.bytes.assign(v.owners.size(), std::vector<std::size_t>(static_cast<std::size_t>(v.world_size), 0));
     v.rank_totals.assign(static_cast<std::size_t>(v.world_size), 0);
     v.upstream.assign(static_cast<std::size_t>(v.world_size), std::nullopt);
+    std::vector<const rank_report*> by_rank(static_cast<std::size_t>(v.world_size), nullptr);
     for (const rank_report& r : reports) {
         const auto rank = static_cast<std::size_t>(r.rank.rank);
+        by_rank[rank] = &r;
         v.upstream[rank] = r.upstream;
         for (const auto& o : r.owners) {
             const auto at = static_cast<std::size_t>(
@@ -164,6 +168,7 @@ inline std::string describe_missing(const std::vector<int>& present, int world_s
             detail::add_saturating(v.rank_totals[rank], o.live_bytes);
         }
     }
+    v.forecasts = forecast_owners(by_rank);
     return v;
 }
 
@@ -216,7 +221,8 @@ inline std::string format_upstream_rows(const cross_rank_view& v, std::size_t wi
 /// The table: one row per owner, one column per rank, then max, mean and max/mean; rows above
 /// `threshold` are marked "<< imbalanced". A last row holds each rank's total. Below it, when the
 /// reports carry their upstream's usage, a row each for its reserved and live bytes, peak reserved
-/// over peak live, and the largest free block, per rank (a bloated pool shows there).
+/// over peak live, and the largest free block, per rank (a bloated pool shows there); then the
+/// forecast of the owners whose floor rises (format_forecast).
 [[nodiscard]] inline std::string format_table(const cross_rank_view& v, double threshold) {
     const bool with_upstream =
         std::any_of(v.upstream.begin(), v.upstream.end(), [](const auto& u) { return u.has_value(); });
@@ -248,7 +254,7 @@ inline std::string format_upstream_rows(const cross_rank_view& v, std::size_t wi
         out += cell;
     }
     out += '\n';
-    return out + detail::format_upstream_rows(v, width);
+    return out + detail::format_upstream_rows(v, width) + format_forecast(v.forecasts, v.world_size, width);
 }
 
 namespace detail {

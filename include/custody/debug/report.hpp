@@ -10,6 +10,7 @@
 #include <custody/debug/owner_scope.hpp>
 #include <custody/core/rank.hpp>
 #include <custody/debug/detail/call_stack.hpp>
+#include <custody/debug/trend.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -353,6 +354,14 @@ template <class Upstream>
 
 } // namespace detail
 
+/// The floor trends of a tracker's owners and devices at its latest sample (trend.hpp).
+struct trend_report {
+    std::uint64_t samples = 0;               ///< trend samples the tracker took
+    std::optional<std::size_t> budget_bytes; ///< what the time left counts down to, when known
+    std::vector<trend> owners;               ///< sorted by owner name
+    std::vector<trend> devices;              ///< sorted by device
+};
+
 /// Everything one rank's JSON report holds (see docs/debug-report-schema.json). A plain value
 /// made by tracking_resource::make_report(); json_report.hpp writes and reads it.
 struct rank_report {
@@ -368,6 +377,7 @@ struct rank_report {
     leak_report live;                  ///< the live allocations grouped by owner and call stack
     std::vector<violation> violations; ///< in the order they were found (the most recent ones kept)
     std::vector<timeline_sample> timeline;
+    trend_report trends; ///< empty in a report written before trends existed
 };
 
 } // namespace custody::debug

@@ -1,12 +1,13 @@
 /// @file
-/// `tracking_options`: how a tracking resource checks, reports and remembers, with the live-bytes
-/// alarms it may carry (`watch`, and the `watch_event` a watch's callback receives). Plain values;
-/// every field has a safe default.
+/// `tracking_options`: how a tracking resource checks, reports, remembers and samples, with the
+/// live-bytes alarms it may carry (`watch`, and the `watch_event` a watch's callback receives).
+/// Plain values; every field has a safe default.
 #pragma once
 
 #include <custody/core/rank.hpp>
 #include <custody/debug/history.hpp>
 #include <custody/debug/report.hpp>
+#include <custody/debug/trend.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -25,14 +26,24 @@ struct watch_event {
     int device = -1;     ///< for a device's watch: the device; else -1
     int rank = 0;
     std::size_t live_bytes = 0;
-    bool growth = false; ///< true: fired by growth across snapshots; false: by the threshold
+    bool growth = false; ///< true: fired by growth across samples
+    bool trend = false;  ///< true: fired by the floor's trend (`forecast`); both false: by the threshold
     int consecutive_growths = 0;
+    /// For a trend alarm: the rate (per step and per second), its confidence, the bytes leaked since
+    /// the floor began to rise and the time left before the device's budget (see trend).
+    debug::trend forecast;
 };
 
-/// A live-bytes alarm: calls `callback` when the live bytes of one owner (exact name) or of one
-/// device rise above `threshold_bytes` (once per crossing; it re-arms at or below it), or grow
-/// across `growth_snapshots` consecutive snapshots (once per run of growth; it re-arms after a
-/// snapshot without growth). Python's custody.LeakWatch means the same (docs/debug.md).
+/// A live-bytes alarm on one owner (exact name) or one device. It calls `callback`:
+///  - threshold: when the live bytes rise above `threshold_bytes`, once; it re-arms at a sample
+///    (every snapshot is one; tracking_options::trend may add more) that finds them at or below the
+///    threshold without their having risen above it since the previous sample, so live bytes that
+///    swing across it within a step (activations freed and taken again over a rising floor) raise
+///    one alarm, not one per swing;
+///  - growth: when the live bytes grew at each of `growth_snapshots` consecutive samples, once per
+///    run of growth (it re-arms after a sample without growth);
+///  - trend: when the floor of the live bytes rises significantly (trend.hpp), once per rise.
+/// Python's custody.LeakWatch means the same (docs/debug.md).
 struct watch {
     enum class subject { owner, device };
     subject what = subject::owner;
@@ -40,6 +51,7 @@ struct watch {
     int device = -1;                        ///< for subject::device
     std::size_t threshold_bytes = SIZE_MAX; ///< SIZE_MAX: no threshold
     int growth_snapshots = 0;               ///< 0: no growth alarm
+    bool trend = false;                     ///< the floor's trend alarm
     /// Called outside the tracker's lock, on the thread that allocated or took the snapshot. Must
     /// not throw: an exception it throws is reported through custody::report_failure and dropped.
     std::function<void(const watch_event&)> callback;
@@ -73,6 +85,14 @@ struct tracking_options {
     /// segment_journal under the tracker's pool adds the segments): what a PyTorch memory snapshot
     /// plays back (debug/pytorch_snapshot.hpp). Shared: the caller keeps it to read it.
     std::shared_ptr<allocation_history> history;
+    /// When and how owners' and devices' live bytes are sampled and their floor tested for a slow
+    /// leak (trend.hpp): reports carry the trends, `watch::trend` raises their alarms.
+    trend_options trend;
+    /// The tracker's clock, in nanoseconds from any fixed point (non-decreasing): what it stamps
+    /// allocations, samples and the rates per second with. Empty: the steady clock (see
+    /// precise_time). Tests inject one, so that time passes without waiting. Called from every
+    /// thread that allocates or frees, inside noexcept paths: it must not throw.
+    std::function<std::int64_t()> clock;
     /// Name each block after its owner for CUDA's tools (NVTX): compute-sanitizer's leak report
     /// then says "called decode/kv_cache". Takes effect when the process names an NVTX tool as the
     /// tracker is built; otherwise a branch on a constant per allocation.

@@ -44,11 +44,13 @@
 #include <custody/debug/detail/registry.hpp>
 #include <custody/debug/detail/tracker_clock.hpp>
 #include <custody/debug/detail/tracker_state.hpp>
+#include <custody/debug/detail/trends.hpp>
 #include <custody/debug/detail/violation_log.hpp>
 #include <custody/debug/detail/watches.hpp>
 #include <custody/debug/owner_scope.hpp>
 #include <custody/debug/report.hpp>
 #include <custody/debug/tracking_options.hpp>
+#include <custody/debug/trend.hpp>
 #include <custody/platform/platform.hpp>
 
 #include <algorithm>
@@ -116,8 +118,11 @@ public:
     template <class... Args>
     explicit tracking_resource(tracking_options options, Args&&... upstream_args)
         : upstream_(std::forward<Args>(upstream_args)...), options_(std::move(options)),
-          rank_(options_.rank ? validate_rank(*options_.rank) : detect_rank()), clock_(options_.precise_time),
-          guards_(options_), state_(options_, rank_.rank, clock_.start_unix_ns()), violations_(options_, rank_.rank),
+          rank_(options_.rank ? validate_rank(*options_.rank) : detect_rank()),
+          clock_(options_.precise_time, options_.clock), guards_(options_),
+          state_(options_, rank_.rank, clock_.start_unix_ns(),
+                 detail::trend_budget<platform_type>(options_.trend, upstream_, device())),
+          violations_(options_, rank_.rank),
           annotations_(options_.annotate) {
         detail::tracker_registry::instance().add(detail::tracker_entry{this, &registry_lookup});
     }
@@ -257,8 +262,8 @@ public:
         return violations_.site_of(*r);
     }
 
-    /// The live allocations, in sequence order. Also takes a timeline sample and runs the growth
-    /// watches. O(n log n) in the live blocks.
+    /// The live allocations, in sequence order. Also takes a timeline sample and a trend sample
+    /// (see sample()). O(n log n) in the live blocks.
     [[nodiscard]] debug::snapshot snapshot() {
         debug::snapshot s;
         std::vector<detail::fired_watch> fired;
@@ -269,6 +274,22 @@ public:
                   [](const snapshot_entry& a, const snapshot_entry& b) { return a.sequence < b.sequence; });
         fire(fired);
         return s;
+    }
+
+    /// Takes a trend sample now, as snapshot() does but without listing the live blocks: each
+    /// owner's and device's floor since the previous sample is tested (trend.hpp), and the growth
+    /// and trend watches run. Call it once per step (a decode step) for rates per step.
+    /// O(owners + devices + watches).
+    void sample() {
+        std::vector<detail::fired_watch> fired;
+        state_.sample(clock_.now_ns(), fired);
+        fire(fired);
+    }
+
+    /// The floor trend of one owner (exact name; "" or "<untagged>" for untagged memory) at the
+    /// latest sample; empty before its first.
+    [[nodiscard]] std::optional<trend> trend_of(std::string_view owner) const {
+        return state_.owner_trend((owner.empty() || owner == untagged_owner) ? nullptr : intern_owner(owner));
     }
 
     /// Every live block as the ledger holds it (what debug/pytorch_snapshot.hpp lays out in its

@@ -49,17 +49,20 @@ struct site_record {
     return s;
 }
 
-/// The live memory of one owner. Invariant: bytes <= peak.
+/// The live memory of one owner. Invariants: low <= bytes <= peak.
 struct owner_totals {
     std::size_t bytes = 0;
     std::size_t count = 0;
     std::size_t peak = 0; ///< max over time of bytes
+    std::size_t low = 0;  ///< min of bytes since the last trend sample (take_extremes)
 };
 
-/// The live memory of one device.
+/// The live memory of one device. Invariant: low <= bytes <= high.
 struct device_totals {
     std::size_t bytes = 0;
     std::size_t count = 0;
+    std::size_t low = 0;  ///< min of bytes since the last trend sample (take_extremes)
+    std::size_t high = 0; ///< max of bytes since the last trend sample
 };
 
 /// The streams a live block is used on, and an ordering the caller declared before its free.
@@ -176,6 +179,7 @@ public:
         o.peak = std::max(o.peak, o.bytes);
         d.bytes += a.shape.bytes;
         ++d.count;
+        d.high = std::max(d.high, d.bytes);
         return r;
     }
 
@@ -216,9 +220,11 @@ public:
         stats_.reserved_bytes -= r.total;
         r.totals->bytes -= r.bytes;
         --r.totals->count;
+        r.totals->low = std::min(r.totals->low, r.totals->bytes);
         device_totals& d = devices_[static_cast<std::size_t>(r.allocated.device + 1)];
         d.bytes -= r.bytes;
         --d.count;
+        d.low = std::min(d.low, d.bytes);
         if (freed_ring_.empty()) {
             blocks_.erase(e.first);
             return;
@@ -265,6 +271,24 @@ public:
         const auto slot = static_cast<std::size_t>(device + 1);
         return slot < devices_.size() ? devices_[slot] : device_totals{};
     }
+    /// Calls owner(id, low, bytes) for every owner, with its least live bytes since the previous
+    /// call and its bytes now, and device(device, low, high) for every device slot (some may never
+    /// have held memory: all zeros) with its least and most live bytes since the previous call
+    /// (only a device's most bytes count: the device's room), and starts the next interval at their
+    /// bytes now. O(owners + devices).
+    template <class Owner, class Device>
+    void take_extremes(Owner&& owner, Device&& device) {
+        for (auto& [id, o] : owners_) {
+            owner(id, o.low, o.bytes);
+            o.low = o.bytes;
+        }
+        for (std::size_t i = 0; i < devices_.size(); ++i) {
+            device_totals& d = devices_[i];
+            device(static_cast<int>(i) - 1, d.low, d.high);
+            d.low = d.high = d.bytes;
+        }
+    }
+
     /// The devices with live memory (or a count), by device.
     [[nodiscard]] std::vector<device_usage> device_usages() const {
         std::vector<device_usage> usages;

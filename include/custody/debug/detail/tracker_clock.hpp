@@ -6,20 +6,25 @@
 #include <chrono>
 #include <cstdint>
 #include <ctime>
+#include <functional>
+#include <utility>
 
 namespace custody::debug::detail {
 
 /// Nanoseconds since construction. Coarse unless `precise`: Linux's coarse monotonic clock (a few
 /// ms resolution, ~5 ns a read instead of up to ~100 ns in some VMs); the tracker's sequence
-/// numbers order events exactly, times only place them.
-/// Thread safety: const after construction. Invariant: now_ns() >= 0, non-decreasing.
+/// numbers order events exactly, times only place them. An injected clock (`custom`, a test's)
+/// replaces both.
+/// Thread safety: const after construction (an injected clock must be callable from any thread).
+/// Invariant: now_ns() >= 0, non-decreasing (for an injected clock: while it is).
 class tracker_clock {
 public:
-    explicit tracker_clock(bool precise) noexcept
-        : precise_(precise), start_(std::chrono::steady_clock::now()), start_coarse_ns_(coarse_now()),
-          start_unix_ns_(unix_now_ns()) {}
+    explicit tracker_clock(bool precise, std::function<std::int64_t()> custom = {})
+        : precise_(precise), custom_(std::move(custom)), custom_start_(custom_ ? custom_() : 0),
+          start_(std::chrono::steady_clock::now()), start_coarse_ns_(coarse_now()), start_unix_ns_(unix_now_ns()) {}
 
     [[nodiscard]] std::int64_t now_ns() const noexcept {
+        if (custom_) return custom_() - custom_start_;
 #ifdef CLOCK_MONOTONIC_COARSE
         if (!precise_) return coarse_now() - start_coarse_ns_;
 #endif
@@ -46,6 +51,8 @@ private:
     }
 
     bool precise_;
+    std::function<std::int64_t()> custom_;
+    std::int64_t custom_start_;
     std::chrono::steady_clock::time_point start_;
     std::int64_t start_coarse_ns_;
     std::int64_t start_unix_ns_;

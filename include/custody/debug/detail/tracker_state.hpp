@@ -1,13 +1,16 @@
 /// @file
-/// `tracker_state`: what a tracking resource knows, behind one mutex: its ledger, its watches and
-/// its timeline. Every operation holds the mutex for O(1) work (listings aside) and copies out what
-/// a report needs, so that strings are built and stacks symbolized after the lock is released.
+/// `tracker_state`: what a tracking resource knows, behind one mutex: its ledger, its watches, its
+/// timeline and its trends. Every operation holds the mutex for O(1) work (listings and samples
+/// aside) and copies out what a report needs, so that strings are built and stacks symbolized after
+/// the lock is released.
 #pragma once
 
+#include <custody/core/failure_callback.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/debug/detail/free_checks.hpp>
 #include <custody/debug/detail/ledger.hpp>
 #include <custody/debug/detail/timeline.hpp>
+#include <custody/debug/detail/trends.hpp>
 #include <custody/debug/detail/watches.hpp>
 #include <custody/debug/history.hpp>
 #include <custody/debug/owner_scope.hpp>
@@ -26,7 +29,7 @@
 
 namespace custody::debug::detail {
 
-/// The ledger, watches and timeline of one tracker and the mutex that guards them.
+/// The ledger, watches, timeline and trends of one tracker and the mutex that guards them.
 /// Thread safety: thread-safe. The mutex is never held while calling a callback, the upstream,
 /// the platform or the registry. Complexity: O(1) expected per call but the listings (O(records)).
 template <class Stream>
@@ -36,20 +39,23 @@ public:
     using record = typename ledger_type::record;
     using outcome = free_outcome<record>;
 
-    /// `start_unix_ns`: the Unix time of the tracker's time 0 (its clock's start), for the history.
-    tracker_state(const tracking_options& options, int rank, std::int64_t start_unix_ns)
-        : ledger_(options.remembered_frees), timeline_(options.kept_samples), history_(options.history),
-          start_unix_ns_(start_unix_ns), rank_(rank), check_device_(options.check_device),
+    /// `start_unix_ns`: the Unix time of the tracker's time 0 (its clock's start), for the history;
+    /// `budget`: the bytes the trends' time left counts down to (trend_budget), when known.
+    tracker_state(const tracking_options& options, int rank, std::int64_t start_unix_ns,
+                  std::optional<std::size_t> budget = std::nullopt)
+        : ledger_(options.remembered_frees), timeline_(options.kept_samples), trends_(options.trend, budget),
+          history_(options.history), start_unix_ns_(start_unix_ns), rank_(rank), check_device_(options.check_device),
           check_streams_(options.check_streams) {}
 
-    /// Records a block (see ledger::admit; strong guarantee) and runs the threshold watches,
-    /// appending those that fire to `fired`.
+    /// Records a block (see ledger::admit; strong guarantee), runs the threshold watches and takes
+    /// a trend sample when one is due, appending the watches that fire to `fired`.
     void admit(const void* inner, const admission<Stream>& a, std::vector<fired_watch>& fired) {
         std::lock_guard lock(mutex_);
         if (!watches_.empty()) fired.reserve(watches_.size()); // before the first change
         const record& r = ledger_.admit(inner, a);
         watch_change_locked(r.allocated.owner, r.totals->bytes, r.allocated.device, fired);
         remember_locked(history_action::alloc, inner, r, r.allocated.time_ns);
+        if (trends_.due(a.site.time_ns)) sample_after_admit_locked(a.site.time_ns, fired);
     }
 
     /// Records an allocation of `bytes` that found no memory, in the history (when kept).
@@ -149,17 +155,24 @@ public:
     }
 
     /// The live blocks (in no order) and the last sequence for a snapshot at `time_ns`; also takes
-    /// a timeline sample and runs the growth watches.
+    /// a timeline sample and a trend sample (which runs the growth and trend watches).
     [[nodiscard]] std::pair<std::uint64_t, std::vector<snapshot_entry>> snapshot(std::int64_t time_ns,
                                                                                std::vector<fired_watch>& fired) {
         std::lock_guard lock(mutex_);
         timeline_.sample(time_ns, ledger_.owners());
-        watches_.on_snapshot([&](const watch& w, owner_id owner) { return live_of_locked(w, owner); }, rank_, fired);
+        sample_locked(time_ns, fired);
         return {ledger_.last_sequence(), ledger_.live_entries()};
     }
 
-    /// Fills the totals, owners, devices and timeline of a report (taking a sample at `time_ns`)
-    /// and returns the live blocks for its leak groups.
+    /// Takes a trend sample at `time_ns`: every owner's and device's floor since the previous one
+    /// is tested (trend_set), and the growth and trend watches run. O(owners + devices + watches).
+    void sample(std::int64_t time_ns, std::vector<fired_watch>& fired) {
+        std::lock_guard lock(mutex_);
+        sample_locked(time_ns, fired);
+    }
+
+    /// Fills the totals, owners, devices, timeline and trends of a report (taking a timeline
+    /// sample at `time_ns`) and returns the live blocks for its leak groups.
     [[nodiscard]] std::vector<snapshot_entry> fill_report(rank_report& r, std::int64_t time_ns,
                                                           std::int64_t start_unix_ns) {
         std::lock_guard lock(mutex_);
@@ -170,7 +183,17 @@ public:
         }
         r.devices = ledger_.device_usages();
         r.timeline = timeline_.report(start_unix_ns);
+        r.trends.samples = trends_.samples();
+        r.trends.budget_bytes = trends_.budget();
+        r.trends.owners = trends_.owners(start_unix_ns);
+        r.trends.devices = trends_.devices(start_unix_ns);
         return ledger_.live_entries();
+    }
+
+    /// The trend of one owner now (empty before its first sample).
+    [[nodiscard]] std::optional<trend> owner_trend(owner_id id) const {
+        std::lock_guard lock(mutex_);
+        return trends_.of_owner(id, start_unix_ns_);
     }
 
     // ---- watches -------------------------------------------------------------------------------
@@ -200,6 +223,25 @@ private:
                                        start_unix_ns_ + time_ns, r.allocated.owner, r.stack});
     }
 
+    /// A trend sample (see sample): the trends, then the watches that samples and trends fire.
+    void sample_locked(std::int64_t time_ns, std::vector<fired_watch>& fired) {
+        std::vector<raised_trend> raised;
+        trends_.sample(ledger_, time_ns, start_unix_ns_, raised);
+        const auto live_of = [&](const watch& w, owner_id owner) { return live_of_locked(w, owner); };
+        watches_.on_sample(live_of, rank_, fired);
+        if (!raised.empty()) watches_.on_trends(raised, live_of, rank_, fired);
+    }
+
+    /// A sample due at an allocation: after the block was recorded, so a failure (no memory for a
+    /// new owner's test) is reported and the allocation stands.
+    void sample_after_admit_locked(std::int64_t time_ns, std::vector<fired_watch>& fired) noexcept {
+        try {
+            sample_locked(time_ns, fired);
+        } catch (...) {
+            report_failure("custody: no memory for a trend sample; it is skipped");
+        }
+    }
+
     void watch_change_locked(owner_id owner, std::size_t owner_bytes, int device, std::vector<fired_watch>& fired) noexcept {
         if (!watches_.empty()) watches_.on_change(owner, owner_bytes, device, ledger_.device(device).bytes, rank_, fired);
     }
@@ -207,10 +249,11 @@ private:
         return w.what == watch::subject::owner ? ledger_.owner(owner).bytes : ledger_.device(w.device).bytes;
     }
 
-    mutable std::mutex mutex_; // guards the three below
+    mutable std::mutex mutex_; // guards the four below
     ledger_type ledger_;
     watch_set watches_;
     timeline timeline_;
+    trend_set trends_;
     std::shared_ptr<allocation_history> history_; ///< null: none kept
     std::int64_t start_unix_ns_;
     int rank_;
