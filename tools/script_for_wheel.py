@@ -3,14 +3,15 @@ first line, executable. In a wheel's scripts, every installer (pip, uv, installe
 line with the interpreter it installs for, so the script runs with that environment's Python
 whether or not the environment is activated. (The wheel copies the file's mode from OUT.)"""
 import os
-import stat
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from custody_output import output_file  # noqa: E402  (beside this script)
 
 source, out = sys.argv[1], sys.argv[2]
 with open(source, encoding="utf-8") as f:
     first, rest = f.read().split("\n", 1)
 if not first.startswith("#!") or "python" not in first:
     sys.exit("%s: the first line is not a Python interpreter line: %r" % (source, first))
-with open(out, "w", encoding="utf-8") as f:
-    f.write("#!python\n" + rest)
-os.chmod(out, os.stat(out).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+with output_file(out, mode=0o755) as f:
+    f.write(("#!python\n" + rest).encode("utf-8"))
