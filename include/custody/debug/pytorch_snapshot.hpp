@@ -213,7 +213,8 @@ inline std::vector<snapshot_trace_entry> trace_of(const std::vector<history_even
     trace.reserve(history.size());
     std::int64_t last_us = INT64_MIN;
     for (const history_event& e : history) {
-        const bool segment_event = e.action == history_action::segment_alloc || e.action == history_action::segment_free;
+        const bool segment_event = e.action == history_action::segment_alloc || e.action == history_action::segment_free ||
+                                   e.action == history_action::segment_map || e.action == history_action::segment_unmap;
         last_us = std::max(last_us, e.unix_ns / 1000);
         snapshot_trace_entry t{e.action, e.address, e.bytes, e.stream, last_us,
                                segment_event ? std::string() : std::string(owner_name(e.owner)), {}};
