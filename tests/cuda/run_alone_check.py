@@ -31,7 +31,9 @@ def main(build):
     sources = {}
     for t in targets:
         for output in t["filename"]:
-            sources[output] = [s for group in t["target_sources"] for s in group.get("sources", [])]
+            # A unity build lists its files under unity_sources.
+            sources[output] = [s for group in t["target_sources"]
+                               for s in group.get("sources", []) + group.get("unity_sources", [])]
     wrong = []
     for test in tests:
         if not any(s.endswith(":cuda") or s == "cuda" for s in test["suite"]) or not test["cmd"]:

@@ -10,7 +10,34 @@
 
 #include "cuda_presence.hpp"
 
+#include <cstddef>
 #include <string>
+#include <vector>
+
+namespace {
+
+/// `specs` (Catch2's test specs, each alternatives joined by ',') with `tag` required in every
+/// alternative: "[#a],[#b]" becomes "[#a][no_gpu_too],[#b][no_gpu_too]".
+std::vector<std::string> requiring(const std::vector<std::string>& specs, const std::string& tag) {
+    if (specs.empty()) return {tag};
+    std::vector<std::string> out;
+    for (const std::string& spec : specs) {
+        std::string s;
+        for (std::size_t i = 0; i < spec.size(); ++i) {
+            if (spec[i] == '\\' && i + 1 < spec.size()) {
+                s += spec.substr(i++, 2);
+            } else if (spec[i] == ',') {
+                s += tag + ',';
+            } else {
+                s += spec[i];
+            }
+        }
+        out.push_back(s + tag);
+    }
+    return out;
+}
+
+} // namespace
 
 int main(int argc, char* argv[]) {
     Catch::Session session;
@@ -21,7 +48,7 @@ int main(int argc, char* argv[]) {
         if (const int status = custody_test::cuda_gate(suite.c_str(), presence); status >= 0) return status;
         return session.run();
     }
-    session.configData().testsOrTags.emplace_back("[no_gpu_too]"); // and-ed with the command line's
+    session.configData().testsOrTags = requiring(session.configData().testsOrTags, "[no_gpu_too]");
 #if CATCH_VERSION_MAJOR >= 3
     session.configData().allowZeroTests = true; // a selection may have no such case
 #endif
