@@ -1,6 +1,5 @@
 // The CUDA and NCCL check macros turn failing calls into typed errors. Runs on every machine with
 // the toolkit, GPU or not: the calls below fail either way (no device, no driver, or a bad argument).
-#define CATCH_CONFIG_RUNNER
 #include "../support/catch.hpp"
 
 #include <custody/core/error.hpp>
@@ -76,8 +75,6 @@ TEST_CASE("CUSTODY_NCCL_TRY throws nccl_error with the call", "[nccl][core]") {
     }
 }
 #endif
-
-int main(int argc, char* argv[]) { return Catch::Session().run(argc, argv); }
 
 namespace {
 

@@ -1,16 +1,13 @@
 // The tracking resource on the cuda platform, over plain cudaMallocAsync memory: canaries read back
 // from device memory catch an overflow written by the device, poison reaches device memory, and
 // the device and stream checks see real CUDA streams. Exits 77 (skipped) without a GPU.
-#define CATCH_CONFIG_RUNNER
 #include <custody/debug/tracking_resource.hpp>
 #include <custody/platform/cuda.hpp>
 
 #include "../support/catch.hpp"
-#include "../support/cuda_presence.hpp"
 
 #include <cuda_runtime_api.h>
 
-#include <cstdio>
 #include <vector>
 
 namespace {
@@ -84,9 +81,4 @@ TEST_CASE("cuda: a free on an unordered other stream is a hazard; ordering clear
     t.deallocate_checked(b, p, 4096, 256);
     P::synchronize(b);
     CHECK(t.statistics().live_allocations == 0);
-}
-
-int main(int argc, char** argv) {
-    if (const int status = custody_test::cuda_gate("test_debug_cuda"); status >= 0) return status;
-    return Catch::Session().run(argc, argv);
 }

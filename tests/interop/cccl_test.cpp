@@ -96,7 +96,7 @@ void cccl_deallocate_sync(host_ref ref, void* p, std::size_t bytes, std::size_t 
 
 } // namespace
 
-TEST_CASE("a host resource works through a synchronous cuda::mr reference without a device", "[interop][cccl]") {
+TEST_CASE("a host resource works through a synchronous cuda::mr reference without a device", "[interop][cccl][no_gpu_too]") {
     custody::resource::host_memory memory;
     cccl_resource adaptor(memory);
     host_ref ref(adaptor);

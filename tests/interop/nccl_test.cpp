@@ -11,9 +11,7 @@
 #include <custody/resource/cuda_async.hpp>
 #include <custody/resource/nccl_memory.hpp>
 
-#define CATCH_CONFIG_RUNNER
 #include "../support/catch.hpp"
-#include "../support/cuda_presence.hpp"
 #include "../support/rank_process.hpp"
 
 #include <signal.h>
@@ -218,13 +216,4 @@ TEST_CASE("the live summary travels over a one-rank NCCL communicator", "[intero
     t.deallocate(s, p, 4096, 256);
     custody::cuda::platform::synchronize(s.view());
     if (devices < 2) WARN("one GPU: the summary's device choice was not checked against another current device");
-}
-
-int main(int argc, char** argv) {
-    Catch::Session session;
-    if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
-    if (const int status = custody_test::cuda_gate("test_interop_nccl (the static_asserts hold)"); status >= 0) {
-        return status;
-    }
-    return session.run();
 }

@@ -1,7 +1,6 @@
 // The pool on the cuda platform: basic use, cross-stream reuse with a real event, and graph capture
 // with capture-private memory (the cases of tests/support/pool_capture_cases.hpp). Exits 77
 // (skipped) without a CUDA device.
-#define CATCH_CONFIG_RUNNER
 #include <custody/platform/cuda.hpp>
 #include <custody/platform/cuda_vmm.hpp>
 #include <custody/pool/capture_scope.hpp>
@@ -12,7 +11,6 @@
 #include <custody/resource/virtual_memory.hpp>
 
 #include "../support/catch.hpp"
-#include "../support/cuda_presence.hpp"
 #include "../support/pool_capture_cases.hpp"
 #include "support.hpp"
 
@@ -22,7 +20,6 @@
 #include <chrono>
 #include <future>
 #include <memory>
-#include <cstdio>
 #include <thread>
 #include <vector>
 
@@ -406,9 +403,4 @@ TEST_CASE("cuda: an exportable reservation maps in the granule of exportable mem
     REQUIRE(cudaMemsetAsync(p, 0x42, std::size_t{3} << 20, s.view().get()) == cudaSuccess);
     platform::synchronize(s);
     pool.deallocate(s, p, std::size_t{3} << 20, 256);
-}
-
-int main(int argc, char** argv) {
-    if (const int status = custody_test::cuda_gate("test_pool_cuda"); status >= 0) return status;
-    return Catch::Session().run(argc, argv);
 }

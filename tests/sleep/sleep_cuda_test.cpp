@@ -3,7 +3,6 @@
 // the wake, a fault at every driver step of a wake and at every unmap of a sleep, and a peer's
 // access after the wake. Exits 77 (skipped) without a device. Reads the device's free memory: run
 // alone (meson runs it with is_parallel: false).
-#define CATCH_CONFIG_RUNNER
 #include <custody/platform/cuda.hpp>
 #include <custody/platform/cuda_vmm.hpp>
 #include <custody/resource/pinned_host.hpp>
@@ -11,7 +10,6 @@
 
 #include "sleep_cases.hpp"
 
-#include "../support/cuda_presence.hpp"
 #include "../support/cuda_stream_gate.hpp"
 #include "../support/failure_log.hpp"
 #include "../support/faulty_vmm.hpp"
@@ -197,9 +195,4 @@ TEST_CASE("cuda sleepable_memory: a peer keeps its access across a sleep and a w
     custody::cuda::platform::synchronize(on_peer);
     CHECK(get<custody::cuda::platform>(p, 4096) == bytes(4096, 0x51));
     memory.deallocate(on_peer, p, memory.granularity(), 256);
-}
-
-int main(int argc, char** argv) {
-    if (const int status = custody_test::cuda_gate("test_sleep_cuda"); status >= 0) return status;
-    return Catch::Session().run(argc, argv);
 }

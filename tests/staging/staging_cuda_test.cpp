@@ -1,18 +1,15 @@
 // staging/staging_ring.hpp on the cuda platform: uploads and downloads through pinned memory,
 // back-pressure against real copies, several devices. Exits 77 (skipped) without a device.
-#define CATCH_CONFIG_RUNNER
 #include <custody/platform/cuda.hpp>
 #include <custody/staging/staging_ring.hpp>
 
 #include "../support/cuda_pinned_host.hpp"
 
 #include "../support/catch.hpp"
-#include "../support/cuda_presence.hpp"
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <numeric>
 #include <random>
 #include <span>
@@ -112,9 +109,4 @@ TEST_CASE("cuda: a full ring times out, then recovers", "[staging][cuda]") {
     CHECK_THROWS_AS(r.reserve<std::byte>(1, std::chrono::milliseconds(1)), custody::staging::timeout_error);
     held.reset();
     CHECK(r.try_reserve<std::byte>(1));
-}
-
-int main(int argc, char** argv) {
-    if (const int status = custody_test::cuda_gate("test_staging_cuda"); status >= 0) return status;
-    return Catch::Session().run(argc, argv);
 }

@@ -7,6 +7,7 @@
 ///   staging/reservation.hpp           reservation<T, Ring>: a typed span of the ring to fill, then commit
 ///   staging/ticket.hpp                ticket<T, Ring>: a staged download; wait() gives a read-only span
 ///   staging/errors.hpp                the errors
+///   staging/detail/ring_regions.hpp   the regions behind one lock: placement, reclaim, waits, events
 ///   staging/detail/ring_index.hpp     where regions go, which are live, in what order they come back
 ///   staging/detail/ring_requests.hpp  the checks on options and requests
 ///   staging/detail/ring_wait.hpp      wait modes, deadlines, waiting on one event
@@ -16,14 +17,12 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
-#include <custody/core/detail/memory_annotations.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/platform/platform.hpp>
 #include <custody/staging/detail/chunked_copy.hpp>
-#include <custody/staging/detail/event_table.hpp>
-#include <custody/staging/detail/ring_index.hpp>
+#include <custody/staging/detail/ring_regions.hpp>
 #include <custody/staging/detail/ring_requests.hpp>
 #include <custody/staging/detail/ring_wait.hpp>
 #include <custody/staging/errors.hpp>
@@ -31,21 +30,14 @@
 #include <custody/staging/ring_options.hpp>
 #include <custody/staging/ticket.hpp>
 
-#include <gsl/assert>
-
 #include <algorithm>
 #include <chrono>
 #include <concepts>
-#include <condition_variable>
 #include <cstddef>
-#include <cstdint>
-#include <mutex>
-#include <optional>
 #include <span>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 namespace custody::staging {
 
@@ -109,15 +101,15 @@ public:
     /// does not exist; the upstream's out_of_memory if the region cannot be allocated.
     template <class... Args>
     explicit staging_ring(ring_options options, Args&&... upstream_args)
-        : upstream_(std::forward<Args>(upstream_args)...), index_(detail::checked_capacity(options, alignment), detail::checked_regions(options)),
+        : upstream_(std::forward<Args>(upstream_args)...),
+          regions_(detail::checked_capacity(options, alignment), detail::checked_regions(options), options.annotate),
           chunk_bytes_(options.chunk_bytes != 0
-                           ? std::min(options.chunk_bytes, index_.capacity())
-                           : std::clamp<std::size_t>(index_.capacity() / 4, 1, ring_options::default_chunk_limit)),
-          events_(index_.slot_count()), annotations_(options.annotate) {
+                           ? std::min(options.chunk_bytes, regions_.capacity())
+                           : std::clamp<std::size_t>(regions_.capacity() / 4, 1, ring_options::default_chunk_limit)) {
         if (options.devices.empty()) options.devices.push_back(platform_type::current_device());
-        for (const int d : options.devices) static_cast<void>(events_.row(d)); // validates, creates events
-        base_ = static_cast<std::byte*>(upstream_.allocate_sync(index_.capacity(), alignment));
-        annotations_.heap_taken(base_, index_.capacity(), "custody staging_ring");
+        for (const int d : options.devices) regions_.prepare(d); // validates, creates events
+        base_ = static_cast<std::byte*>(upstream_.allocate_sync(regions_.capacity(), alignment));
+        regions_.attach(base_);
     }
 
     staging_ring(const staging_ring&) = delete;
@@ -127,28 +119,12 @@ public:
 
     /// Waits for every copy in flight, then gives the region back to the upstream.
     ~staging_ring() {
-        std::unique_lock lock(mutex_);
-        bool outstanding = false;
-        index_.for_each_live([&](std::size_t, detail::region& r) {
-            outstanding = outstanding || r.state == detail::region_state::reserved ||
-                          r.state == detail::region_state::held;
-        });
-        Expects(!outstanding); // a reservation or ticket outlives its ring
-        while (!index_.empty()) {
-            detail::region& r = index_.oldest();
-            if (r.state == detail::region_state::in_flight) {
-                run_exit_tolerant<platform_type>("staging ring: waiting for a copy at destruction",
-                                                 [&] { event(r.device, index_.oldest_slot()).synchronize(); });
-            }
-            reclaim_oldest();
-        }
-        lock.unlock();
-        annotations_.heap_returned(base_);
-        upstream_.deallocate_sync(base_, index_.capacity(), alignment);
+        regions_.drain();
+        upstream_.deallocate_sync(base_, regions_.capacity(), alignment);
     }
 
     /// Bytes of the ring (the requested capacity rounded up to a multiple of `alignment`).
-    [[nodiscard]] std::size_t capacity() const noexcept { return index_.capacity(); }
+    [[nodiscard]] std::size_t capacity() const noexcept { return regions_.capacity(); }
     /// The chunk copy_to_device and copy_from_device use.
     [[nodiscard]] std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
     [[nodiscard]] Upstream& upstream() noexcept { return upstream_; }
@@ -159,7 +135,7 @@ public:
     template <class T>
     [[nodiscard]] reservation_type<T> reserve(std::size_t count) {
         const std::size_t bytes = request_bytes<T>(count);
-        const auto p = acquire(bytes, alignof(T), wait_mode::block, {}, {});
+        const auto p = regions_.acquire(bytes, alignof(T), wait_mode::block, {}, {});
         return reservation_type<T>(this, p->slot, p->offset, std::span<T>(pointer<T>(p->offset), count));
     }
 
@@ -170,7 +146,7 @@ public:
         const std::size_t bytes = request_bytes<T>(count);
         const auto limit = detail::clamp_timeout(timeout);
         const auto [mode, deadline] = detail::deadline_after(limit);
-        const auto p = acquire(bytes, alignof(T), mode, deadline, limit);
+        const auto p = regions_.acquire(bytes, alignof(T), mode, deadline, limit);
         return reservation_type<T>(this, p->slot, p->offset, std::span<T>(pointer<T>(p->offset), count));
     }
 
@@ -179,7 +155,7 @@ public:
     template <class T>
     [[nodiscard]] reservation_type<T> try_reserve(std::size_t count) {
         const std::size_t bytes = request_bytes<T>(count);
-        const auto p = acquire(bytes, alignof(T), wait_mode::never, {}, {});
+        const auto p = regions_.acquire(bytes, alignof(T), wait_mode::never, {}, {});
         if (!p) return {};
         return reservation_type<T>(this, p->slot, p->offset, std::span<T>(pointer<T>(p->offset), count));
     }
@@ -194,21 +170,14 @@ public:
         check_reservation(r);
         if (destination == nullptr) throw std::invalid_argument("custody: staging ring: null destination");
         const int device = platform_type::stream_device(stream);
-        event_type& e = event(device, r.slot_); // may create the device's events; nothing changed yet
+        event_type& e = regions_.event(device, r.slot_); // may create the device's events; nothing changed yet
         enqueue_then_record(e, device, stream, [&] {
             platform_type::memcpy_async(destination, r.data(), r.size_bytes(), stream);
         });
         const std::size_t slot = r.slot_;
         r.ring_ = nullptr;
         r.span_ = {};
-        std::lock_guard lock(mutex_);
-        detail::region& reg = index_.at(slot);
-        reg.state = detail::region_state::in_flight;
-        reg.device = device;
-        stats_.bytes_in_flight += reg.bytes;
-        stats_.bytes_uploaded += reg.bytes;
-        ++stats_.commits;
-        if (waiting_ != 0) cv_.notify_all();
+        regions_.committed(slot, device);
     }
 
     /// As commit(r, destination.data(), stream), after checking that `destination` holds the
@@ -296,48 +265,13 @@ public:
     }
 
     /// Reclaims every region whose copy has completed, without waiting; returns how many.
-    std::size_t poll() {
-        std::lock_guard lock(mutex_);
-        const std::size_t n = reclaim_completed();
-        if (n != 0 && waiting_ != 0) cv_.notify_all();
-        return n;
-    }
+    std::size_t poll() { return regions_.poll(); }
 
     /// Waits for every copy enqueued so far (uploads and downloads) and reclaims what it can.
-    void synchronize() {
-        std::unique_lock lock(mutex_);
-        std::vector<std::pair<std::size_t, int>> pinned;
-        index_.for_each_live([&](std::size_t slot, detail::region& r) {
-            if (r.state == detail::region_state::in_flight || r.state == detail::region_state::held) {
-                ++r.pins;
-                pinned.emplace_back(slot, r.device);
-            }
-        });
-        lock.unlock();
-        const auto unpin = [&] {
-            lock.lock();
-            for (const auto& [slot, device] : pinned) --index_.at(slot).pins;
-            reclaim_completed();
-            if (waiting_ != 0) cv_.notify_all();
-        };
-        try {
-            for (const auto& [slot, device] : pinned) event(device, slot).synchronize();
-        } catch (...) {
-            unpin();
-            throw;
-        }
-        unpin();
-    }
+    void synchronize() { regions_.synchronize(); }
 
     /// A snapshot of the counters (see staging_statistics).
-    [[nodiscard]] staging_statistics statistics() const {
-        std::lock_guard lock(mutex_);
-        staging_statistics s = stats_;
-        s.capacity = index_.capacity();
-        s.bytes_in_use = index_.bytes_in_use();
-        s.live_regions = index_.live_regions();
-        return s;
-    }
+    [[nodiscard]] staging_statistics statistics() const { return regions_.statistics(); }
 
 private:
     template <class T, class R>
@@ -350,11 +284,11 @@ private:
 
     template <class T>
     [[nodiscard]] std::size_t request_bytes(std::size_t count) const {
-        return detail::request_bytes<T, alignment>(count, index_.capacity());
+        return detail::request_bytes<T, alignment>(count, regions_.capacity());
     }
     template <class T>
     [[nodiscard]] std::size_t elements_per_chunk() const {
-        return detail::elements_per_chunk<T>(index_.capacity(), chunk_bytes_);
+        return detail::elements_per_chunk<T>(regions_.capacity(), chunk_bytes_);
     }
 
     template <class T>
@@ -366,19 +300,6 @@ private:
     void check_reservation(const reservation_type<T>& r) const {
         if (r.ring_ == nullptr) throw std::invalid_argument("custody: staging ring: empty reservation");
         if (r.ring_ != this) throw std::invalid_argument("custody: staging ring: reservation of another ring");
-    }
-
-    event_type& event(int device, std::size_t slot) { return events_.at(device, slot); }
-
-    /// Where region `r`'s bytes start.
-    [[nodiscard]] std::byte* data_of(const detail::region& r) const noexcept {
-        return base_ + static_cast<std::size_t>(r.data_begin % index_.capacity());
-    }
-    /// Gives the oldest region's bytes back (caller holds mutex_), withdrawn from CUDA's tools
-    /// unless it was given back unused (withdrawn then).
-    void reclaim_oldest() noexcept {
-        if (index_.oldest().state != detail::region_state::cancelled) annotations_.coming_back(data_of(index_.oldest()));
-        index_.reclaim_oldest();
     }
 
     /// Runs `enqueue` then records `e` on `stream` under `device`. If recording fails after the
@@ -399,110 +320,8 @@ private:
         }
     }
 
-    /// Reclaims, oldest first, the regions that are given back or whose copy has completed.
-    /// Caller holds mutex_. Returns how many were reclaimed.
-    std::size_t reclaim_completed() {
-        std::size_t n = 0;
-        while (!index_.empty()) {
-            detail::region& r = index_.oldest();
-            if (r.state == detail::region_state::in_flight) {
-                if (!event(r.device, index_.oldest_slot()).ready()) break;
-                stats_.bytes_in_flight -= r.bytes;
-            } else if (r.state != detail::region_state::cancelled) {
-                break;
-            }
-            reclaim_oldest();
-            ++n;
-        }
-        return n;
-    }
-
-    /// Places `bytes`, reclaiming and waiting as `mode` says. Returns nothing only for
-    /// wait_mode::never; throws timeout_error for wait_mode::until.
-    std::optional<detail::placement> acquire(std::size_t bytes, std::size_t align, wait_mode mode,
-                                             time_point deadline, std::chrono::nanoseconds limit) {
-        std::unique_lock lock(mutex_);
-        auto p = index_.place(bytes, align);
-        if (!p) {
-            reclaim_completed();
-            p = index_.place(bytes, align);
-        }
-        if (!p) {
-            if (mode == wait_mode::never) {
-                ++stats_.try_failures;
-                return std::nullopt;
-            }
-            p = wait_for_room(lock, bytes, align, mode, deadline, limit);
-        }
-        ++stats_.reservations;
-        stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, index_.bytes_in_use());
-        annotations_.handed_out(base_ + p->offset, bytes);
-        return p;
-    }
-
-    /// The slow path of acquire: waits on the oldest copy's event (pinned, outside the lock) or,
-    /// when the oldest region is not in flight, for a commit or release to be signalled.
-    detail::placement wait_for_room(std::unique_lock<std::mutex>& lock, std::size_t bytes, std::size_t align,
-                                    wait_mode mode, time_point deadline, std::chrono::nanoseconds limit) {
-        const auto start = std::chrono::steady_clock::now();
-        ++stats_.waits;
-        ++waiting_;
-        const auto done_waiting = [&] {
-            --waiting_;
-            stats_.wait_time += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
-        };
-        try {
-            for (;;) {
-                if (!index_.empty() && index_.oldest().state == detail::region_state::in_flight) {
-                    const std::size_t slot = index_.oldest_slot();
-                    detail::region& r = index_.oldest();
-                    ++r.pins;
-                    const int device = r.device;
-                    lock.unlock();
-                    bool completed = true;
-                    try {
-                        completed = detail::wait_event(event(device, slot), mode, deadline);
-                    } catch (...) {
-                        lock.lock();
-                        --index_.at(slot).pins;
-                        throw;
-                    }
-                    lock.lock();
-                    --index_.at(slot).pins;
-                    static_cast<void>(completed);
-                    reclaim_completed();
-                    // Others may wait for this slot to be unpinned, or for the room just reclaimed.
-                    if (waiting_ > 1) cv_.notify_all();
-                } else if (mode == wait_mode::until) {
-                    cv_.wait_until(lock, deadline);
-                    reclaim_completed();
-                } else {
-                    cv_.wait(lock);
-                    reclaim_completed();
-                }
-                if (auto p = index_.place(bytes, align)) {
-                    done_waiting();
-                    return *p;
-                }
-                if (mode == wait_mode::until && std::chrono::steady_clock::now() >= deadline) {
-                    ++stats_.timeouts;
-                    throw timeout_error(bytes, limit);
-                }
-            }
-        } catch (...) {
-            done_waiting();
-            throw;
-        }
-    }
-
-    /// Gives a reserved region back unused; `by_caller`: counted as a cancellation.
-    void cancel(std::size_t slot, bool by_caller = true) noexcept {
-        std::lock_guard lock(mutex_);
-        annotations_.coming_back(data_of(index_.at(slot)));
-        index_.at(slot).state = detail::region_state::cancelled;
-        if (by_caller) ++stats_.cancellations;
-        if (waiting_ != 0) cv_.notify_all();
-    }
+    /// Gives a reserved region back unused (its reservation's destructor).
+    void cancel(std::size_t slot) noexcept { regions_.cancel(slot); }
 
     template <class T>
     ticket_type<T> stage_impl(const T* source, std::size_t count, stream_type stream, wait_mode mode,
@@ -510,60 +329,29 @@ private:
         const std::size_t bytes = request_bytes<T>(count);
         if (source == nullptr) throw std::invalid_argument("custody: staging ring: null source");
         const int device = platform_type::stream_device(stream);
-        static_cast<void>(events_.row(device)); // create the device's events before anything changes
-        const auto p = acquire(bytes, alignof(T), mode, deadline, limit);
+        regions_.prepare(device); // create the device's events before anything changes
+        const auto p = regions_.acquire(bytes, alignof(T), mode, deadline, limit);
         if (!p) return {};
         T* staged = pointer<T>(p->offset);
         try {
-            enqueue_then_record(event(device, p->slot), device, stream,
+            enqueue_then_record(regions_.event(device, p->slot), device, stream,
                                 [&] { platform_type::memcpy_async(staged, source, bytes, stream); });
         } catch (...) {
-            cancel(p->slot, false);
+            regions_.cancel(p->slot, false);
             throw;
         }
-        std::lock_guard lock(mutex_);
-        detail::region& r = index_.at(p->slot);
-        r.state = detail::region_state::held;
-        r.device = device;
-        stats_.bytes_in_flight += bytes;
-        stats_.bytes_downloaded += bytes;
-        ++stats_.downloads;
+        regions_.staged(p->slot, device, bytes);
         return ticket_type<T>(this, p->slot, std::span<const T>(staged, count));
     }
 
-    /// A held region's event is recorded and never re-recorded while held: safe to use unlocked.
-    bool ticket_ready(std::size_t slot) {
-        int device = 0;
-        {
-            std::lock_guard lock(mutex_);
-            device = index_.at(slot).device;
-        }
-        return event(device, slot).ready();
-    }
-    void ticket_wait(std::size_t slot) {
-        int device = 0;
-        {
-            std::lock_guard lock(mutex_);
-            device = index_.at(slot).device;
-        }
-        event(device, slot).synchronize();
-    }
-    void ticket_release(std::size_t slot) noexcept {
-        std::lock_guard lock(mutex_);
-        index_.at(slot).state = detail::region_state::in_flight; // reclaimed once its copy is done
-        if (waiting_ != 0) cv_.notify_all();
-    }
+    bool ticket_ready(std::size_t slot) { return regions_.held_event(slot).ready(); }
+    void ticket_wait(std::size_t slot) { regions_.held_event(slot).synchronize(); }
+    void ticket_release(std::size_t slot) noexcept { regions_.release(slot); }
 
     Upstream upstream_;
-    mutable std::mutex mutex_;     ///< guards index_, stats_, waiting_
-    std::condition_variable cv_;   ///< signalled when a region is committed, given back or released
-    detail::ring_index index_;
+    detail::ring_regions<platform_type> regions_;
     std::size_t chunk_bytes_;
-    detail::event_table<platform_type> events_; ///< one event per region slot and device
-    std::byte* base_ = nullptr;         ///< the region: capacity() bytes at `alignment`
-    std::size_t waiting_ = 0;           ///< threads inside wait_for_room
-    staging_statistics stats_;
-    custody::detail::memory_annotations annotations_; ///< the region and its parts, told to CUDA's tools
+    std::byte* base_ = nullptr; ///< the ring's memory: capacity() bytes at `alignment`
 };
 
 } // namespace custody::staging
