@@ -18,6 +18,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/discarding.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/core/properties.hpp>
@@ -73,6 +74,14 @@ namespace custody::sleep {
 /// reserved. Wake maps every block again at the same address with the same access (the device and
 /// its peers), each while the copies of the blocks before it run, copies offloaded contents back
 /// byte for byte and fills discarded blocks with zeros, and returns when they are in place.
+///
+/// Layers above. A discard zeroes what the owner wrote and nothing of the layers above it: a
+/// layer that keeps bytes of its own in a block (a debug::tracking_resource's guards) names them
+/// with keep_through_discard, and a discarded block wakes with those bytes as they were (copied to
+/// host memory at the sleep, back at the wake) and zeros elsewhere; release_kept forgets them
+/// before the layer gives the block (or its part of it) back. is_resident tells such a layer
+/// whether a block's bytes may be touched now. The tracker does all three itself, through any
+/// adaptor between them that forwards the calls (a pool, a recorder, a segment_journal).
 ///
 /// Rules: allocating for a sleeping owner, and sleeping an owner that sleeps, are
 /// sleep_error(owner_asleep); waking an owner that does not sleep is sleep_error(owner_awake);
@@ -203,6 +212,38 @@ public:
         if (std::find(b->uses.begin(), b->uses.end(), use) == b->uses.end()) b->uses.push_back(use);
     }
 
+    /// Keeps [ptr, ptr + bytes), inside one live block, through a discard (see the class comment:
+    /// what a layer above keeps there, such as a tracker's guards). Throws std::invalid_argument for
+    /// a range outside every live block or a block that sleeps, std::bad_alloc; nothing is kept then.
+    void keep_through_discard(const void* ptr, std::size_t bytes) {
+        if (bytes == 0) return;
+        std::lock_guard lock(mutex_);
+        block_type* b = ledger_.containing(ptr);
+        const std::size_t offset = b == nullptr ? 0 : static_cast<std::size_t>(static_cast<const std::byte*>(ptr) - b->base());
+        if (b == nullptr || bytes > b->bytes - offset || ledger_.asleep(b->owner)) {
+            throw std::invalid_argument("custody: sleepable_memory::keep_through_discard: not inside an awake live block");
+        }
+        detail::kept_bytes k{offset, bytes, std::make_unique<std::byte[]>(bytes)};
+        b->kept.push_back(std::move(k));
+    }
+    /// Forgets what keep_through_discard(ptr, bytes) kept (once, if it did).
+    void release_kept(const void* ptr, std::size_t bytes) noexcept {
+        std::lock_guard lock(mutex_);
+        block_type* b = ledger_.containing(ptr);
+        if (b == nullptr) return;
+        const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(ptr) - b->base());
+        const auto it = std::find_if(b->kept.begin(), b->kept.end(),
+                                     [&](const detail::kept_bytes& k) { return k.offset == offset && k.bytes == bytes; });
+        if (it != b->kept.end()) b->kept.erase(it);
+    }
+    /// Whether the block holding `ptr` has its memory now (awake, or stuck mapped while its owner
+    /// sleeps): false for a sleeping block's address and for one outside every live block.
+    [[nodiscard]] bool is_resident(const void* ptr) const noexcept {
+        std::lock_guard lock(mutex_);
+        const block_type* b = ledger_.containing(ptr);
+        return b != nullptr && b->range->is_mapped();
+    }
+
     /// Puts `owners` to sleep, each under its policy, after the work enqueued so far on their
     /// blocks' streams and on `after` (see the class comment). Throws sleep_error (an owner named
     /// asleep, a stream capturing), std::invalid_argument (an owner named twice),
@@ -300,6 +341,7 @@ public:
 
     friend bool operator==(const sleepable_memory& a, const sleepable_memory& b) noexcept { return &a == &b; }
     friend void get_property(const sleepable_memory&, device_accessible) noexcept {}
+    friend void get_property(const sleepable_memory&, discards_contents) noexcept {}
     friend void get_property(const sleepable_memory&, host_accessible) noexcept
         requires(platform_type::name == std::string_view("host"))
     {}
@@ -370,10 +412,17 @@ private:
 
     // ---- sleep, a ladder of named steps ----
 
-    /// The resource's stream after every stream of the plan (marks[0], the fence, recorded there),
-    /// then each offloaded block's contents copied out on it, each followed by a mark of its own.
+    /// The resource's stream after every stream of the plan, then the bytes the layers above keep
+    /// in discarded blocks copied out (marks[0], the fence, recorded after them), then each
+    /// offloaded block's contents copied out, each followed by a mark of its own.
     void save_contents(sleep_plan& plan, const std::vector<std::byte*>& backups) {
         plan.fence.order_before(stream_);
+        for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+            if (backups[i] != nullptr) continue;
+            for (detail::kept_bytes& k : plan.blocks[i]->kept) {
+                platform_type::memcpy_async(k.saved.get(), plan.blocks[i]->base() + k.offset, k.bytes, stream_);
+            }
+        }
         mark(plan);
         for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
             const block_type& b = *plan.blocks[i];
@@ -465,13 +514,17 @@ private:
         platform_type::synchronize(stream_);
     }
 
-    /// Offloaded contents copied back, discarded ones zeroed; an offloaded block that kept its
-    /// contents in place (its copy out could not be waited for) needs nothing.
+    /// Offloaded contents copied back, discarded ones zeroed but for what the layers above keep;
+    /// an offloaded block that kept its contents in place (its copy out could not be waited for)
+    /// needs nothing.
     void restore(block_type& b) {
         if (b.backup != nullptr) {
             copies_.restore(b.backup, b.base(), b.bytes, stream_);
         } else if (ledger_.find_owner(b.owner)->policy == sleep_policy::discard) {
             platform_type::memset_async(b.base(), 0, b.bytes, stream_);
+            for (const detail::kept_bytes& k : b.kept) {
+                platform_type::memcpy_async(b.base() + k.offset, k.saved.get(), k.bytes, stream_);
+            }
         }
     }
 

@@ -7,9 +7,12 @@
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/detail/format.hpp>
+#include <custody/core/discarding.hpp>
 #include <custody/core/detail/memory_annotations.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/failure_callback.hpp>
+#include <custody/core/owner.hpp>
+#include <custody/core/properties.hpp>
 #include <custody/core/rank.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/debug/detail/call_stack.hpp>
@@ -41,8 +44,19 @@ namespace custody::debug::detail {
 /// Thread safety: as tracking_resource (guards, state and violations have a mutex each; none is held
 /// while another is taken, nor while calling the upstream or a callback).
 /// Ownership: holds the upstream by value; registers itself with the tracker registry for its life.
+///
+/// Layers below see what the tracker sees: each block is allocated from the upstream with its
+/// owner current (custody::owner_binding), so a sleepable_memory or a recorder below charges the
+/// owner the tracker charges; over memory that discards contents (core/discarding.hpp) the guards
+/// are kept through a discard, and a block whose memory sleeps is given back without touching it.
 template <stream_ordered_resource Upstream>
 class tracker_core {
+    static_assert(!has_property<Upstream, discards_contents> || discarding_resource<Upstream>,
+                  "custody: tracking_resource over memory that discards contents (sleepable_memory) through an "
+                  "adaptor that forwards the discards_contents property but not keep_through_discard, release_kept "
+                  "and is_resident: a discard would zero the tracker's guards and a free would touch sleeping memory. "
+                  "Add CUSTODY_FORWARD_DISCARDING(Upstream, upstream_) to the adaptor (core/discarding.hpp).");
+
 public:
     using stream_type = typename Upstream::stream_type;
     using platform_type = typename stream_type::platform_type;
@@ -99,6 +113,7 @@ public:
         if (!l.valid) throw_out_of_memory(bytes, alignment, "the request plus its guards overflows");
         void* outer = nullptr;
         try {
+            const owner_binding as_owner(owner);
             outer = synchronous ? upstream_.allocate_sync(l.total, alignment)
                                 : upstream_.allocate(stream, l.total, alignment);
         } catch (const out_of_memory& e) {
@@ -116,7 +131,11 @@ public:
         if (bytes == 0 || !is_pow2(alignment)) return nullptr;
         const guard_layout l = guards_.layout_for(bytes, alignment);
         if (!l.valid) return nullptr;
-        void* outer = custody::try_allocate(upstream_, stream, l.total, alignment);
+        void* outer = nullptr;
+        {
+            const owner_binding as_owner(owner);
+            outer = custody::try_allocate(upstream_, stream, l.total, alignment);
+        }
         if (outer == nullptr) return nullptr;
         return admit(outer, l, stream, false, bytes, alignment, owner, /*noexcept_path=*/true);
     }
@@ -203,6 +222,7 @@ private:
         std::vector<fired_watch> fired;
         try {
             guards_.write(outer, l, bytes, synchronous ? stream_type{} : stream, synchronous);
+            keep_guards(inner, bytes);
             // Heap, not std::optional: GCC zero-fills an empty optional's storage on every call.
             std::unique_ptr<call_stack> stack;
             if (options_.capture_stacks) stack = std::make_unique<call_stack>(call_stack::capture(1));
@@ -211,6 +231,7 @@ private:
                                    clock_.now_ns()};
             state_.admit(inner, {{outer, bytes, alignment, l.total, l.front}, site, stream, stack.get()}, fired);
         } catch (...) {
+            release_guards(inner, bytes);
             give_back(outer, l.total, alignment, stream, synchronous);
             if (noexcept_path) return nullptr;
             throw;
@@ -218,6 +239,29 @@ private:
         annotations_.name(outer, owner_name(owner));
         fire(fired);
         return inner;
+    }
+
+    /// Over memory that discards contents: asks it to keep the guards of the block at `inner`
+    /// through a discard (throws what it throws), and to forget them again.
+    void keep_guards(const void* inner, std::size_t bytes) {
+        if constexpr (discarding_resource<Upstream>) {
+            if (!guards_.canaries()) return;
+            for (const auto& g : guards_.checked_spans(inner, bytes)) upstream_.keep_through_discard(g.ptr, g.bytes);
+        }
+    }
+    void release_guards(const void* inner, std::size_t bytes) noexcept {
+        if constexpr (discarding_resource<Upstream>) {
+            if (!guards_.canaries()) return;
+            for (const auto& g : guards_.checked_spans(inner, bytes)) upstream_.release_kept(g.ptr, g.bytes);
+        }
+    }
+    /// Whether the block at `inner` has its memory now (false while it sleeps in a sleepable_memory).
+    [[nodiscard]] bool resident(const void* inner) const noexcept {
+        if constexpr (discarding_resource<Upstream>) {
+            return upstream_.is_resident(inner);
+        } else {
+            return true;
+        }
     }
 
     void give_back(void* outer, std::size_t total, std::size_t alignment, stream_type stream, bool synchronous) noexcept {
@@ -243,11 +287,13 @@ private:
     }
 
     /// A good free: reads the guards back, poisons, gives the block back (all ordered on the
-    /// freeing stream), then does what the free made due.
+    /// freeing stream), then does what the free made due. A block whose memory sleeps is given back
+    /// untouched.
     void forward_free(const free_call& call, const free_outcome& out, const std::vector<fired_watch>& fired,
                       bool can_throw) {
         std::unique_ptr<violation> overwritten; // rare; on the heap, so the common path zero-fills nothing
-        if (out.block != nullptr) {
+        const bool touchable = resident(call.ptr);
+        if (out.block != nullptr && touchable) {
             if (call.stream == stream_type{}) {
                 if (const auto damage = guards_.check_now(call.ptr, out.block->bytes, call.stream)) {
                     overwritten = describe_overwritten(*out.block, *damage, call);
@@ -256,7 +302,8 @@ private:
                 guards_.check_later(*out.block, call.ptr, call.stream, [&] { return violations_.freed_site(call); });
             }
         }
-        guards_.poison(out.outer, out.total, call.stream, call.site.synchronous);
+        if (touchable) guards_.poison(out.outer, out.total, call.stream, call.site.synchronous);
+        if (out.block != nullptr) release_guards(call.ptr, out.block->bytes);
         give_back(out.outer, out.total, out.alignment, call.stream, call.site.synchronous);
         fire(fired);
         if (guards_.has_pending()) drain_guard_checks(false);
@@ -297,7 +344,10 @@ private:
             report_failure("custody: tracking_resource could not build its leak report");
         }
         if (options_.release_leaks) {
-            for (const record& r : records) upstream_.deallocate_sync(r.outer, r.total, r.alignment);
+            for (const record& r : records) {
+                release_guards(r.inner(), r.bytes);
+                upstream_.deallocate_sync(r.outer, r.total, r.alignment);
+            }
         }
     }
 

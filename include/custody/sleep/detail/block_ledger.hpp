@@ -36,6 +36,14 @@ struct stream_use {
     friend bool operator==(const stream_use&, const stream_use&) = default;
 };
 
+/// Bytes of a block that a layer above keeps through a discard (a tracker's guards): where they are,
+/// and room for them while the block sleeps. Invariant: saved holds `bytes` bytes.
+struct kept_bytes {
+    std::size_t offset = 0;
+    std::size_t bytes = 0;
+    std::unique_ptr<std::byte[]> saved;
+};
+
 /// One live block: an address range of its own and what it was used for.
 ///
 /// Invariants: 0 < bytes <= span() (bytes rounded up to whole granules);
@@ -44,7 +52,8 @@ struct stream_use {
 ///   owner asleep => backup != nullptr only if the owner sleeps under sleep_policy::offload
 ///                   (backup holds `bytes` of contents); a range still mapped is stuck (its unmap
 ///                   failed; or, offloaded without a backup, its contents are kept in place);
-///                   offloaded, not mapped => backup != nullptr.
+///                   offloaded, not mapped => backup != nullptr;
+///   every kept span lies within [0, bytes).
 template <class Range, class Stream>
 struct block {
     std::unique_ptr<Range> range;
@@ -52,6 +61,7 @@ struct block {
     owner_id owner = nullptr;
     std::vector<stream_use<Stream>> uses;
     std::byte* backup = nullptr;
+    std::vector<kept_bytes> kept; ///< what a discard keeps, in the order the layers above asked
 
     [[nodiscard]] std::size_t span() const noexcept { return range->span(); }
     [[nodiscard]] std::byte* base() const noexcept { return static_cast<std::byte*>(range->base()); }
@@ -126,6 +136,18 @@ public:
     [[nodiscard]] block_type* find(const void* ptr) noexcept {
         const auto it = blocks_.find(reinterpret_cast<std::uintptr_t>(ptr));
         return it == blocks_.end() ? nullptr : &it->second;
+    }
+
+    /// The live block whose bytes hold `ptr` (its start or inside it), or nullptr.
+    [[nodiscard]] block_type* containing(const void* ptr) noexcept {
+        const auto at = reinterpret_cast<std::uintptr_t>(ptr);
+        auto it = blocks_.upper_bound(at);
+        if (it == blocks_.begin()) return nullptr;
+        --it;
+        return at - it->first < it->second.bytes ? &it->second : nullptr;
+    }
+    [[nodiscard]] const block_type* containing(const void* ptr) const noexcept {
+        return const_cast<block_ledger*>(this)->containing(ptr);
     }
 
     /// Removes the block at `ptr` (which must be live) and returns it; the caller gives its memory
