@@ -16,7 +16,7 @@ import threading
 from . import _owners
 
 __all__ = ["CustodyError", "OutOfMemoryError", "Library", "library", "library_path", "library_choice",
-           "check_integer", "check_text"]
+           "cuda_build_location", "check_integer", "check_text"]
 
 _HERE = pathlib.Path(__file__).resolve().parent
 _CUDA_NAME, _HOST_NAME = "libcustody_torch_allocator.so", "libcustody_torch_allocator_host.so"
@@ -145,6 +145,17 @@ def library_choice(directory=None):
 def library_path():
     """The path of the library this process uses (see the module's comment)."""
     return library_choice()[0]
+
+
+def cuda_build_location(directory=None):
+    """Where the CUDA build of the library is, in words, for a message: its path when the package
+    holds one, else that none was built and why one would be."""
+    directory = pathlib.Path(directory) if directory is not None else _HERE
+    cuda = directory / _CUDA_NAME
+    if cuda.exists():
+        return "the CUDA build of custody's library is installed (%s): it is what a GPU machine uses" % cuda
+    return ("no CUDA build of custody's library is installed in %s (pip install builds it where the CUDA Toolkit "
+            "is found)" % directory)
 
 
 def _error_for(message):

@@ -40,7 +40,7 @@ from ._torch_hooks import device_index as _device_index
 from . import options as _options
 from . import memory_snapshot as _snapshots
 from . import stats as _stats
-from ._library import OUT_OF_MEMORY_MARK, CustodyError, library, library_path
+from ._library import OUT_OF_MEMORY_MARK, CustodyError, cuda_build_location, library, library_choice, library_path
 from .ranks import claim_device, rank_info
 from .torch_sleep import (CaptureOpenError, OwnerAsleepError, OwnerAwakeError, SleepError, is_asleep,
                           release_host_memory, sleep, sleep_stats, sleepable, sleepable_pool, wake)
@@ -90,11 +90,13 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
         raise TooLateError("custody: custody.torch.enable() came after CUDA was initialized (something already "
                            "allocated CUDA memory or queried a device); PyTorch cannot change its allocator then. "
                            "Call it right after `import torch`, before any .cuda(), .to('cuda') or torch.cuda call")
+    _torch_hooks.require_cuda_device(torch, "custody.torch.enable()")
     path = library_file or library_path()
     lib = library(path)
     if lib.platform != "cuda":
-        raise CustodyError("custody: %s is the %s build of the allocator library; PyTorch needs the CUDA build "
-                           "(pip install on a machine with the CUDA Toolkit)" % (path, lib.platform))
+        raise CustodyError("custody: %s is the %s build of the allocator library (chosen: %s); PyTorch needs the "
+                           "CUDA build. %s" % (path, lib.platform, library_choice()[1] if not library_file
+                                               else "library_file", cuda_build_location()))
     for name in ("max_bytes", "device_headroom"):
         if chosen[name] is not None:
             lib.configure(name, chosen[name])
@@ -195,6 +197,7 @@ def mem_pool(backing="pool", *, use_on_oom=False, library_file=None):
     if enabled():
         raise CustodyError("custody: mem_pool() needs PyTorch's own caching allocator, and custody.torch.enable() "
                            "made custody the whole process's allocator (every tensor already comes from custody)")
+    _torch_hooks.require_cuda_device(torch, "custody.torch.mem_pool()")
     path = library_file or library_path()
     known = library(path).mempool_backings
     if backing not in known:

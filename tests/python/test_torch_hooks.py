@@ -180,3 +180,40 @@ def test_mem_pool_refuses_what_cannot_back_a_torch_mempool(host_lib):
             print(e)
     """)
     assert "host build" in done.stdout and "needs the CUDA build" in done.stdout, done.stdout
+
+
+def test_without_a_gpu_the_torch_entry_points_say_so_and_where_the_cuda_build_is():
+    """PyTorch installed, no NVIDIA driver (a login node, a CI runner with the toolkit): custody's
+    error, naming the missing device and where custody's CUDA build is, instead of the host build's
+    name or PyTorch's "Found no NVIDIA driver" from deep inside."""
+    done = run_python("""
+        import sys, types
+
+        def no_driver():
+            raise RuntimeError("Found no NVIDIA driver on your system.")
+
+        torch = types.ModuleType("torch")
+        torch.cuda = types.SimpleNamespace(is_available=lambda: False, is_initialized=lambda: False,
+                                           current_device=no_driver)
+        sys.modules["torch"] = torch
+        import custody, custody.torch as ct
+
+        calls = {"enable": ct.enable, "sleepable": lambda: ct.sleepable("kv_cache").__enter__(),
+                 "sleep": lambda: ct.sleep(["kv_cache"]), "wake": lambda: ct.wake(["kv_cache"]),
+                 "mem_pool": ct.mem_pool}
+        for name, call in calls.items():
+            try:
+                call()
+                print(name, "| no error")
+            except custody.CustodyError as e:
+                print(name, "| custody |", e)
+            except Exception as e:
+                print(name, "| other |", type(e).__name__, e)
+        """)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 5, done.stdout + done.stderr
+    for line in lines:
+        name, kind, message = line.split(" | ", 2)
+        assert kind == "custody", line
+        assert "needs a CUDA device, and PyTorch sees none" in message, line
+        assert "CUDA build of custody's library" in message, line
