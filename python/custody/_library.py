@@ -298,14 +298,33 @@ class Library:
         return self._text(self._lib.custody_report)
 
     def owner_push(self, name):
-        """The library's own per-thread owner stack (custody.owner() is the scope to use)."""
-        self._check(self._lib.custody_owner_push(check_text(name, "owner name")))
+        """Opens an owner scope in this context, as entering custody.owner(name) does (nested:
+        "decode" then "kv_cache" is "decode/kv_cache"), for code that cannot use a `with` block;
+        owner_pop() closes it. custody.current_owner() says it, and the allocations that follow are
+        charged to it: there is one current owner, the context's (custody/_owners.py)."""
+        check_text(name, "owner name")
+        _owners.push(name)
+        _owners.sync(self)
 
     def owner_pop(self):
-        self._check(self._lib.custody_owner_pop())
+        """Closes the innermost scope owner_push opened in this context; raises CustodyError when
+        there is none (a custody.owner() scope is closed by its `with` block, not here)."""
+        if not _owners.pop():
+            raise CustodyError("custody: owner_pop without an owner scope open on this thread (by owner_push)")
+        _owners.sync(self)
 
     def owner_current(self):
+        """The owner the library charges this thread's allocations to (PyTorch's too): the
+        context's owner, which it is made to hold first."""
+        _owners.sync(self)
         return self._text(self._lib.custody_owner_current)
+
+    def _owner_push_raw(self, name):
+        """The library's per-thread owner stack itself, for _owners.sync alone."""
+        self._check(self._lib.custody_owner_push(name.encode("utf-8")))
+
+    def _owner_pop_raw(self):
+        self._check(self._lib.custody_owner_pop())
 
     def rank_report(self, device=-1):
         """This rank's tracking report on `device` (tracking on; -1: the first device in use), as

@@ -173,7 +173,7 @@ def test_the_python_claim_of_a_gpu_locks_the_file_the_cpp_claim_locks(host_lib, 
 def test_mem_pool_refuses_what_cannot_back_a_torch_mempool(host_lib):
     done = run_python("""
         import sys, types, custody, custody.torch
-        sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace())
+        sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
         try:
             custody.torch.mem_pool()
         except custody.CustodyError as e:
