@@ -46,7 +46,7 @@ INT_MAX = (1 << 31) - 1
 U64_MAX = (1 << 64) - 1
 SIZE_MAX = (1 << 63) - 1  # custody_alloc's ssize_t
 # custody_configure's options and the values each takes (device_headroom's 2^64-1 means "not set").
-CONFIGURE_RANGES = {"max_bytes": (0, U64_MAX), "device_headroom": (0, U64_MAX - 1), "tracking": (0, 1)}
+CONFIGURE_RANGES = {"max_bytes": (0, U64_MAX), "device_headroom": (0, U64_MAX - 1), "tracking": (0, 1), "stacks": (0, 1)}
 
 
 def check_integer(value, what, lowest, highest):
@@ -252,11 +252,11 @@ class Library:
 
     def configure(self, name, value):
         """Sets an option of the pools before the first allocation: max_bytes (0 .. 2^64-1; 0: no
-        cap), device_headroom (0 .. 2^64-2), tracking (0 or 1). Raises CustodyError naming the
+        cap), device_headroom (0 .. 2^64-2), tracking and stacks (0 or 1). Raises CustodyError naming the
         option for a value out of its range or not an integer (nothing is set then)."""
         key = check_text(name, "option name")
         lowest, highest = CONFIGURE_RANGES.get(name, (0, U64_MAX))
-        if name == "tracking" and isinstance(value, bool):
+        if name in ("tracking", "stacks") and isinstance(value, bool):
             value = int(value)
         check_integer(value, name, lowest, highest)
         self._check(self._lib.custody_configure(key, value))

@@ -76,7 +76,9 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
     owner(), snapshot(), LeakWatch, write_report() and PyTorch-format memory snapshots;
     claim_device (default True): claim this rank's GPU so that a second rank on it fails at once,
     naming both ranks; stacks (default False): with tracking, keep each allocation's call stack
-    (native frames) for leak reports and snapshots. Each is overridden by its environment variable
+    (the application's native frames and the allocating thread's Python frames, custody's own and
+    the interpreter's plumbing left out) for leak reports and snapshots. Each is overridden by its
+    environment variable
     (custody.options.ENVIRONMENT: CUSTODY_MAX_BYTES, CUSTODY_DEVICE_HEADROOM, CUSTODY_TRACKING,
     CUSTODY_CLAIM_DEVICE, CUSTODY_STACKS), for jobs launched by torchrun. Returns the options in
     force."""

@@ -9,6 +9,7 @@ import pathlib
 import time
 
 from . import _owners
+from . import options as _options
 from ._library import check_text, library
 from .ranks import rank_info
 
@@ -18,9 +19,20 @@ __all__ = ["configure_tracking", "owner", "current_owner", "Snapshot", "snapshot
 _log = logging.getLogger("custody")
 
 
-def configure_tracking(on=True, lib=None):
-    """Turns tracking on (or off) for the allocations to come; before the first allocation."""
-    (lib or library()).configure("tracking", 1 if on else 0)
+def configure_tracking(on=True, stacks=None, lib=None):
+    """Turns tracking on (or off) for the allocations to come; before the first allocation.
+
+    stacks (default False): keep each allocation's call stack for leak reports and snapshots: the
+    application's native frames and, in Python, the allocating thread's Python frames in place of
+    the interpreter's (custody's own frames and the interpreter's plumbing, libffi, _ctypes and
+    libpython, left out), as PyTorch's _record_memory_history(stacks="all") keeps them. The
+    environment overrides the code, as for custody.torch.enable(): CUSTODY_TRACKING and
+    CUSTODY_STACKS (1/0, true/false, yes/no, on/off). Returns {"tracking": ..., "stacks": ...}."""
+    chosen = _options.resolve(tracking=on, stacks=stacks)
+    lib = lib or library()
+    lib.configure("tracking", 1 if chosen["tracking"] else 0)
+    lib.configure("stacks", 1 if chosen["stacks"] else 0)
+    return {"tracking": chosen["tracking"], "stacks": chosen["stacks"]}
 
 
 @contextlib.contextmanager
