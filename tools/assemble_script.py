@@ -1,16 +1,28 @@
-"""script_for_wheel.py SCRIPT OUT: writes the Python script SCRIPT to OUT with "#!python" as its
-first line, executable. In a wheel's scripts, every installer (pip, uv, installer) replaces that
-line with the interpreter it installs for, so the script runs with that environment's Python
-whether or not the environment is activated. (The wheel copies the file's mode from OUT.)"""
+"""assemble_script.py SCRIPT MODULE OUT INTERPRETER: writes the Python tool SCRIPT to OUT as the one
+file that is installed: its first line INTERPRETER ("#!python" for a wheel, which every wheel
+installer replaces with the interpreter it installs for, so venv/bin/custody-plot runs the venv's
+Python activated or not; "#!/usr/bin/env python3" for meson install), and the module MODULE
+(custody_output.py) in place of the lines between "# [custody_output]" and "# [end custody_output]"
+that import it in the source tree. Nothing but the tools lands in bin/ then: a module there would
+be on PATH as if it were a command. OUT is made executable (the wheel copies its mode)."""
 import os
 import stat
 import sys
 
-source, out = sys.argv[1], sys.argv[2]
+source, module, out, interpreter = sys.argv[1:5]
 with open(source, encoding="utf-8") as f:
     first, rest = f.read().split("\n", 1)
 if not first.startswith("#!") or "python" not in first:
     sys.exit("%s: the first line is not a Python interpreter line: %r" % (source, first))
+begin, end = "# [custody_output]", "# [end custody_output]"
+if rest.count(begin) != 1 or rest.count(end) != 1:
+    sys.exit("%s: no single '%s' ... '%s' block to put %s in" % (source, begin, end, module))
+head, tail = rest.split(begin, 1)
+tail = tail.split(end, 1)[1].split("\n", 1)[1]
+with open(module, encoding="utf-8") as f:
+    body = f.read()
+inlined = "# ---- %s, as installed with the tool ----\n%s# ---- end of %s ----\n" % (
+    os.path.basename(module), body.replace("\n__all__ = ", "\n_custody_output_all = ", 1), os.path.basename(module))
 with open(out, "w", encoding="utf-8") as f:
-    f.write("#!python\n" + rest)
+    f.write(interpreter + "\n" + head + inlined + tail)
 os.chmod(out, os.stat(out).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
