@@ -10,6 +10,7 @@
 ///   sleep/sleep_error.hpp             sleep_error: what the owners' sleep forbids
 ///   sleep/detail/block_ledger.hpp     blocks, owners and totals, apart from mapping and locks
 ///   sleep/detail/block_range.hpp      one block's address range, mapped whole or not at all
+///   sleep/detail/kept_bytes.hpp       what a discard keeps of a block for the layers above it
 ///   sleep/detail/stream_fence.hpp     the streams blocks were used on, and ordering after them
 ///   sleep/detail/sleep_plan.hpp       a sleep's or a wake's owners and blocks, checked up front
 ///   sleep/detail/contents_copies.hpp  host memory for contents, copies out and back: straight, or
@@ -30,6 +31,7 @@
 #include <custody/sleep/detail/block_ledger.hpp>
 #include <custody/sleep/detail/block_range.hpp>
 #include <custody/sleep/detail/contents_copies.hpp>
+#include <custody/sleep/detail/kept_bytes.hpp>
 #include <custody/sleep/detail/sleep_plan.hpp>
 #include <custody/sleep/detail/stream_fence.hpp>
 #include <custody/sleep/sleep_error.hpp>
@@ -75,13 +77,9 @@ namespace custody::sleep {
 /// its peers), each while the copies of the blocks before it run, copies offloaded contents back
 /// byte for byte and fills discarded blocks with zeros, and returns when they are in place.
 ///
-/// Layers above. A discard zeroes what the owner wrote and nothing of the layers above it: a
-/// layer that keeps bytes of its own in a block (a debug::tracking_resource's guards) names them
-/// with keep_through_discard, and a discarded block wakes with those bytes as they were (copied to
-/// host memory at the sleep, back at the wake) and zeros elsewhere; release_kept forgets them
-/// before the layer gives the block (or its part of it) back. is_resident tells such a layer
-/// whether a block's bytes may be touched now. The tracker does all three itself, through any
-/// adaptor between them that forwards the calls (a pool, a recorder, a segment_journal).
+/// Layers above (core/discarding.hpp). A discard zeroes what the owner wrote and nothing of the
+/// layers above it: bytes a layer keeps in a block (a tracker's guards, keep_through_discard) wake
+/// as they were (detail/kept_bytes.hpp); is_resident says whether a block's bytes may be touched.
 ///
 /// Rules: allocating for a sleeping owner, and sleeping an owner that sleeps, are
 /// sleep_error(owner_asleep); waking an owner that does not sleep is sleep_error(owner_awake);
@@ -219,22 +217,14 @@ public:
         if (bytes == 0) return;
         std::lock_guard lock(mutex_);
         block_type* b = ledger_.containing(ptr);
-        const std::size_t offset = b == nullptr ? 0 : static_cast<std::size_t>(static_cast<const std::byte*>(ptr) - b->base());
-        if (b == nullptr || bytes > b->bytes - offset || ledger_.asleep(b->owner)) {
+        if (b == nullptr || ledger_.asleep(b->owner) || !detail::keep(b->kept, b->bytes, offset_in(*b, ptr), bytes)) {
             throw std::invalid_argument("custody: sleepable_memory::keep_through_discard: not inside an awake live block");
         }
-        detail::kept_bytes k{offset, bytes, std::make_unique<std::byte[]>(bytes)};
-        b->kept.push_back(std::move(k));
     }
     /// Forgets what keep_through_discard(ptr, bytes) kept (once, if it did).
     void release_kept(const void* ptr, std::size_t bytes) noexcept {
         std::lock_guard lock(mutex_);
-        block_type* b = ledger_.containing(ptr);
-        if (b == nullptr) return;
-        const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(ptr) - b->base());
-        const auto it = std::find_if(b->kept.begin(), b->kept.end(),
-                                     [&](const detail::kept_bytes& k) { return k.offset == offset && k.bytes == bytes; });
-        if (it != b->kept.end()) b->kept.erase(it);
+        if (block_type* b = ledger_.containing(ptr)) detail::release(b->kept, offset_in(*b, ptr), bytes);
     }
     /// Whether the block holding `ptr` has its memory now (awake, or stuck mapped while its owner
     /// sleeps): false for a sleeping block's address and for one outside every live block.
@@ -357,6 +347,10 @@ private:
 
     // ---- allocate and deallocate ----
 
+    [[nodiscard]] static std::size_t offset_in(const block_type& b, const void* ptr) noexcept {
+        return static_cast<std::size_t>(static_cast<const std::byte*>(ptr) - b.base());
+    }
+
     /// A new block of `bytes`, reserved and mapped whole with the device's and the peers' access.
     block_type map_block(std::size_t bytes, std::size_t alignment, debug::owner_id owner, const stream_use& use) {
         if (align_up_overflows(bytes, granule_)) {
@@ -418,10 +412,7 @@ private:
     void save_contents(sleep_plan& plan, const std::vector<std::byte*>& backups) {
         plan.fence.order_before(stream_);
         for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
-            if (backups[i] != nullptr) continue;
-            for (detail::kept_bytes& k : plan.blocks[i]->kept) {
-                platform_type::memcpy_async(k.saved.get(), plan.blocks[i]->base() + k.offset, k.bytes, stream_);
-            }
+            if (backups[i] == nullptr) detail::save_kept<platform_type>(plan.blocks[i]->kept, plan.blocks[i]->base(), stream_);
         }
         mark(plan);
         for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
@@ -522,9 +513,7 @@ private:
             copies_.restore(b.backup, b.base(), b.bytes, stream_);
         } else if (ledger_.find_owner(b.owner)->policy == sleep_policy::discard) {
             platform_type::memset_async(b.base(), 0, b.bytes, stream_);
-            for (const detail::kept_bytes& k : b.kept) {
-                platform_type::memcpy_async(b.base() + k.offset, k.saved.get(), k.bytes, stream_);
-            }
+            detail::restore_kept<platform_type>(b.kept, b.base(), stream_);
         }
     }
 

@@ -5,6 +5,7 @@
 
 #include <custody/core/statistics.hpp>
 #include <custody/debug/owner_scope.hpp>
+#include <custody/sleep/detail/kept_bytes.hpp>
 #include <custody/sleep/sleep_policy.hpp>
 #include <custody/sleep/sleep_statistics.hpp>
 
@@ -34,14 +35,6 @@ struct stream_use {
     Stream stream;
     int device;
     friend bool operator==(const stream_use&, const stream_use&) = default;
-};
-
-/// Bytes of a block that a layer above keeps through a discard (a tracker's guards): where they are,
-/// and room for them while the block sleeps. Invariant: saved holds `bytes` bytes.
-struct kept_bytes {
-    std::size_t offset = 0;
-    std::size_t bytes = 0;
-    std::unique_ptr<std::byte[]> saved;
 };
 
 /// One live block: an address range of its own and what it was used for.
