@@ -180,18 +180,15 @@ struct leak_report {
         return {b, c};
     }
 
-    /// Appended piece by piece: GCC 12 at -O3 takes `"literal" + std::to_string(n)` inside a loop
-    /// for an overlapping copy (a false -Wrestrict, GCC bug 105329), which -Werror turns into an error.
     [[nodiscard]] std::string describe() const {
         std::string s = "custody: rank " + std::to_string(rank) + ": " + std::to_string(total_bytes) + " B live in " +
                         std::to_string(total_count) + " allocations";
         for (const auto& g : groups) {
-            s.append("\n  ").append(std::to_string(g.bytes)).append(" B in ").append(std::to_string(g.count));
-            s.append(" from '").append(g.owner).append("' (first seq ").append(std::to_string(g.first_sequence));
-            s.append(", devices");
-            for (int d : g.devices) s.append(" ").append(std::to_string(d));
+            s += "\n  " + std::to_string(g.bytes) + " B in " + std::to_string(g.count) + " from '" + g.owner +
+                 "' (first seq " + std::to_string(g.first_sequence) + ", devices";
+            for (int d : g.devices) s += " " + std::to_string(d);
             s += ")";
-            for (const auto& f : g.stack) s.append("\n      at ").append(f);
+            for (const auto& f : g.stack) s += "\n      at " + f;
         }
         return s;
     }
