@@ -6,7 +6,9 @@
 // steps the same things are asserted: contents intact, counts exact in every layer (each layer
 // holds exactly what the layer above handed it), reports and snapshots naming every live block once
 // at the address the user holds; at the end, the recorder's trace holds every call with the owner
-// the tracker charged.
+// the tracker charged. Compiled into the NVTX suite too (CUSTODY_TEST_ANNOUNCED, with its recording
+// tool loaded): there, each live block is also named after its owner in what CUDA's tools were told,
+// with annotations on, and nothing is, with them off.
 #include <custody/core/discarding.hpp>
 #include <custody/debug/history.hpp>
 #include <custody/debug/owner_scope.hpp>
@@ -26,6 +28,9 @@
 #include <custody/trace/recording_resource.hpp>
 
 #include "../support/catch.hpp"
+#ifdef CUSTODY_TEST_ANNOUNCED
+#include "../nvtx/recording.hpp"
+#endif
 
 #include <algorithm>
 #include <array>
@@ -131,6 +136,27 @@ struct variant {
     bool checked = true;
     bool canaries = true;
 };
+
+/// Whether the run under way announces its memory (what check_announced expects).
+bool annotating = true;
+
+/// With the NVTX recording tool loaded: every live block the tracker holds (its upstream's block,
+/// guards included) is named after its owner, as a region of a pool's heap or as a name of its own,
+/// with annotations on; with them off, none is. Without the tool: nothing to check.
+void check_announced([[maybe_unused]] const std::map<std::uintptr_t, std::string>& outer_owners) {
+#ifdef CUSTODY_TEST_ANNOUNCED
+    const custody_nvtx_test::recording r = custody_nvtx_test::read();
+    CHECK(r.violations.empty());
+    for (const auto& [outer, owner] : outer_owners) {
+        const auto region = r.regions.find(outer);
+        const auto named = r.named.find(outer);
+        const std::string seen = region != r.regions.end() ? region->second.name
+                                 : named != r.named.end()  ? named->second
+                                                           : std::string();
+        CHECK(seen == (annotating ? owner : std::string()));
+    }
+#endif
+}
 
 std::string describe(const variant& v) {
     return std::string("annotate ") + (v.annotate ? "on" : "off") + ", checked " + (v.checked ? "on" : "off") +
@@ -309,11 +335,14 @@ void check_tracker(tracking_resource<Upstream>& t, const expected& e, debug::all
     expected below;
     if (e.exact) {
         std::map<std::uintptr_t, std::pair<std::size_t, std::string>> seen;
+        std::map<std::uintptr_t, std::string> outer_owners;
         for (const debug::live_block& b : t.live_blocks()) {
             CHECK(seen.emplace(b.address, std::pair(b.bytes, std::string(debug::owner_name(b.owner)))).second);
             below.blocks[b.outer] = {b.total, std::string(debug::owner_name(b.owner))};
+            outer_owners[b.outer] = std::string(debug::owner_name(b.owner));
         }
         CHECK(seen == e.blocks);
+        check_announced(outer_owners);
         CHECK(st.live_allocations == e.blocks.size());
         for (const auto& [owner, usage] : e.per_owner()) {
             const debug::owner_usage u = t.owner_live(owner);
@@ -568,6 +597,10 @@ TEMPLATE_LIST_TEST_CASE("compose: every stack keeps contents, counts in every la
             for (const bool canaries : {true, false}) {
                 const variant v{annotate, checked, canaries};
                 INFO(TestType::name << ", " << describe(v));
+                annotating = annotate;
+#ifdef CUSTODY_TEST_ANNOUNCED
+                custody_nvtx_recorder_forget(); // names of blocks gone with earlier runs
+#endif
                 TestType stack(v);
                 model<TestType> m(stack, seed++);
                 m.run(100);
