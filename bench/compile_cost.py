@@ -24,6 +24,9 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from custody_output import output_file  # noqa: E402  (how every custody tool writes a file)
+
 INCLUDE = ROOT / "include"
 CUDA = pathlib.Path(os.environ.get("CUDA_PATH", "/usr/local/cuda"))
 
@@ -49,7 +52,8 @@ def set_include(directory):
 
 def translation_unit(directory, includes):
     tu = pathlib.Path(directory) / "tu.cpp"
-    tu.write_text("".join("#include <%s>\n" % h for h in includes) + "int main() { return 0; }\n")
+    with output_file(tu) as f:
+        f.write(("".join("#include <%s>\n" % h for h in includes) + "int main() { return 0; }\n").encode())
     return tu
 
 

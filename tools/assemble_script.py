@@ -4,10 +4,13 @@ installer replaces with the interpreter it installs for, so venv/bin/custody-plo
 Python activated or not; "#!/usr/bin/env python3" for meson install), and the module MODULE
 (custody_output.py) in place of the lines between "# [custody_output]" and "# [end custody_output]"
 that import it in the source tree. Nothing but the tools lands in bin/ then: a module there would
-be on PATH as if it were a command. OUT is made executable (the wheel copies its mode)."""
+be on PATH as if it were a command. OUT is made executable (the wheel copies its mode), and written as
+every file custody writes (custody_output)."""
 import os
-import stat
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from custody_output import output_file  # noqa: E402  (beside this script)
 
 source, module, out, interpreter = sys.argv[1:5]
 with open(source, encoding="utf-8") as f:
@@ -23,6 +26,5 @@ with open(module, encoding="utf-8") as f:
     body = f.read()
 inlined = "# ---- %s, as installed with the tool ----\n%s# ---- end of %s ----\n" % (
     os.path.basename(module), body.replace("\n__all__ = ", "\n_custody_output_all = ", 1), os.path.basename(module))
-with open(out, "w", encoding="utf-8") as f:
-    f.write(interpreter + "\n" + head + inlined + tail)
-os.chmod(out, os.stat(out).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+with output_file(out, mode=0o755) as f:
+    f.write((interpreter + "\n" + head + inlined + tail).encode("utf-8"))

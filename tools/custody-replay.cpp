@@ -13,6 +13,7 @@
 #include "replay/replay.hpp"
 #include "replay/report.hpp"
 #include "replay/streams.hpp"
+#include "replay/torch_library.hpp"
 
 #include <custody/platform/host.hpp>
 #include <custody/core/detail/output_file.hpp>
@@ -91,7 +92,9 @@ options parse(int argc, char** argv) {
             std::fputs(usage, stdout);
             std::exit(0);
         } else if (arg == "--list") {
-            for (const auto& e : custody::replay::catalog()) {
+            std::vector<custody::replay::allocator_info> entries = custody::replay::catalog();
+            entries.push_back(custody::replay::torch_library_info);
+            for (const auto& e : entries) {
                 std::printf("%-14s %-5s %s\n", std::string(e.name).c_str(), std::string(e.platform).c_str(),
                             std::string(e.summary).c_str());
                 if (!e.options.empty()) std::printf("%-20s options: %s\n", "", std::string(e.options).c_str());
@@ -156,7 +159,7 @@ int main(int argc, char** argv) {
     try {
         // Every allocator and option is checked before the trace is read.
         std::vector<replay::driver_factory> factories;
-        for (const auto& text : o.allocators) factories.push_back(replay::plan(replay::allocator_spec(text)));
+        for (const auto& text : o.allocators) factories.push_back(replay::plan_any(replay::allocator_spec(text)));
         // The output files are created up front (under temporary names), so a path that cannot be
         // written fails before the replay rather than after it.
         std::optional<custody::detail::output_file> json_file, perfetto_file;

@@ -50,11 +50,11 @@ def _open_device_or_pipe(path):
 
 
 @contextlib.contextmanager
-def output_file(path, suffix=""):
+def output_file(path, suffix="", mode=0o644):
     """A binary file object to write `path` through: renamed to `path` when the block ends without
     an exception, removed otherwise (a device or a pipe is written in place). `suffix` ends the
-    temporary name. Mode 0644 less the umask, as open() would give. Raises OSError naming the file
-    when it cannot be written."""
+    temporary name. `mode` less the umask (0644: as open() would give; 0755 for a script). Raises
+    OSError naming the file when it cannot be written."""
     fd = _open_device_or_pipe(path)
     if fd is not None:
         with os.fdopen(fd, "wb") as f:
@@ -65,7 +65,7 @@ def output_file(path, suffix=""):
     try:
         umask = os.umask(0o022)
         os.umask(umask)
-        os.fchmod(fd, 0o644 & ~umask)
+        os.fchmod(fd, mode & ~umask)
         with os.fdopen(fd, "wb") as f:
             fd = -1
             yield f

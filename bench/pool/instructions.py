@@ -11,8 +11,8 @@ operations measured. A pair row counts one allocate + free (two operations).
                                [--streams 1,4] [--json OUT]
 
 Prints a markdown table: instructions per pair (pair rows) or per operation (the rest), each peer's
-figure, the ratio of four streams in one thread to one (custody's pool), and the checked mode's and
-the capture query's cost over the pool. Peers that are not installed are left out (a dash).
+figure, the ratio of four streams in one thread to one (custody's pool), and the checked mode's, the
+capture query's and a kept capture-private block's cost over the pool. Peers that are not installed are left out (a dash).
 Needs valgrind. Build with NDEBUG (meson -Db_ndebug=true) for the figures in docs/benchmarks.md.
 """
 import argparse
@@ -23,10 +23,13 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from custody_output import output_file  # noqa: E402  (tools/: how every custody tool writes a file)
+
 PAIR_SIZES = [64, 256, 4096, 65536, 1 << 20, 2 << 20, 16 << 20, 64 << 20]
 SCENARIOS = [f"pair:{n}" for n in PAIR_SIZES] + ["churn", "trace", "trace_unbucketed", "llm"]
-PEERS = ["pool", "pool_checked", "pool_capture_calls", "malloc", "pmr_unsync", "pmr_sync", "jemalloc", "mimalloc", "lifo"]
-STREAM_PEERS = {"pool", "pool_checked", "pool_capture_calls"}
+PEERS = ["pool", "pool_checked", "pool_capture_calls", "pool_graph_kept", "malloc", "pmr_unsync", "pmr_sync", "jemalloc", "mimalloc", "lifo"]
+STREAM_PEERS = {"pool", "pool_checked", "pool_capture_calls", "pool_graph_kept"}
 # jemalloc's TLS is initial-exec: dlopen needs glibc to keep static TLS for it (see peers.hpp).
 TUNABLE = "glibc.rtld.optional_static_tls=16384"
 
@@ -119,6 +122,8 @@ def main():
             extra.append("pool_checked / pool")
         if "pool_capture_calls" in peers:
             extra.append("pool_capture_calls / pool")
+        if "pool_graph_kept" in peers:
+            extra.append("pool_graph_kept / pool")
     print("| " + " | ".join(head + extra) + " |")
     print("| --- | --- | " + " | ".join("---:" for _ in head[2:] + extra) + " |")
     for row in rows:
@@ -130,10 +135,12 @@ def main():
                 cells.append(ratio(row.get(f"pool_checked/{one}"), row.get(f"pool/{one}")))
             if "pool_capture_calls" in peers:
                 cells.append(ratio(row.get(f"pool_capture_calls/{one}"), row.get(f"pool/{one}")))
+            if "pool_graph_kept" in peers:
+                cells.append(ratio(row.get(f"pool_graph_kept/{one}"), row.get(f"pool/{one}")))
         print("| " + " | ".join(cells) + " |")
     if args.json:
-        with open(args.json, "x") as f:  # never overwrites (nor follows) an existing file
-            json.dump(rows, f, indent=1)
+        with output_file(args.json) as f:
+            f.write(json.dumps(rows, indent=1).encode())
 
 
 if __name__ == "__main__":

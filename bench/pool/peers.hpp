@@ -6,6 +6,7 @@
 //   pool                 custody's stream_ordered_pool over resource::host_memory, checked mode off
 //   pool_checked         the same with pool_options::checked (a debug build's default)
 //   pool_capture_calls   the same with check_capture = every_call (a capture query per call)
+//   pool_graph_kept      the same with a capture-private block kept throughout (a graph kept)
 //   malloc               glibc malloc/free
 //   pmr_unsync, pmr_sync std::pmr's pool resources over aligned operator new, largest pooled block
 //                        1 MiB (the pool's size-class threshold); pmr_unsync is single-threaded
@@ -36,6 +37,7 @@
 #include <cstring>
 #include <memory_resource>
 #include <new>
+#include <optional>
 #include <string>
 
 #include <dlfcn.h>
@@ -50,7 +52,7 @@ inline constexpr std::size_t MiB = std::size_t{1} << 20;
 
 // ---- custody's pool ------------------------------------------------------------------------------
 
-enum class pool_variant { plain, checked, capture_calls };
+enum class pool_variant { plain, checked, capture_calls, graph_kept };
 
 inline custody::pool::pool_options pool_options_for(pool_variant v) {
     custody::pool::pool_options o;
@@ -61,14 +63,36 @@ inline custody::pool::pool_options pool_options_for(pool_variant v) {
 
 template <pool_variant Variant>
 struct pool_peer {
-    static constexpr const char* name = Variant == pool_variant::plain     ? "pool"
-                                        : Variant == pool_variant::checked ? "pool_checked"
-                                                                            : "pool_capture_calls";
+    static constexpr const char* name = Variant == pool_variant::plain          ? "pool"
+                                        : Variant == pool_variant::checked      ? "pool_checked"
+                                        : Variant == pool_variant::capture_calls ? "pool_capture_calls"
+                                                                                 : "pool_graph_kept";
     static constexpr bool has_streams = true;
     static constexpr bool thread_safe = true;
     static bool available() { return true; }
 
     pool_type pool{pool_options_for(Variant)};
+    /// pool_graph_kept: a capture-private block kept for the whole run, as an engine keeps its
+    /// graphs (routed on a stream of its own, which the workload never uses).
+    struct kept_graph {
+        explicit kept_graph(pool_type& pool) : pool_(pool) {
+            if constexpr (Variant == pool_variant::graph_kept) {
+                stream_.emplace();
+                const custody::pool::capture_pool_id id = pool.make_capture_pool_id();
+                pool.begin_allocate_to_pool(id, stream_->view());
+                block_ = pool.allocate(stream_->view(), 4096, 256);
+                pool.end_allocate_to_pool(id);
+            }
+        }
+        ~kept_graph() {
+            if (block_ != nullptr) pool_.deallocate(stream_->view(), block_, 4096, 256);
+        }
+        kept_graph(const kept_graph&) = delete;
+        kept_graph& operator=(const kept_graph&) = delete;
+        pool_type& pool_;
+        std::optional<custody::host::stream> stream_; ///< pool_graph_kept only
+        void* block_ = nullptr;
+    } graph{pool};
 
     [[gnu::always_inline]] void* allocate(stream s, std::size_t n, std::size_t a) { return pool.allocate(s, n, a); }
     [[gnu::always_inline]] void deallocate(stream s, void* p, std::size_t n, std::size_t a) { pool.deallocate(s, p, n, a); }

@@ -6,7 +6,7 @@
 //
 //   bench_pool_ops SCENARIO PEER [STREAMS]
 //   SCENARIO: pair:BYTES, churn, trace, trace_unbucketed, llm; PEER: pool, pool_checked,
-//   pool_capture_calls, malloc, pmr_unsync, pmr_sync, jemalloc, mimalloc, lifo, none;
+//   pool_capture_calls, pool_graph_kept, malloc, pmr_unsync, pmr_sync, jemalloc, mimalloc, lifo, none;
 //   STREAMS: how many streams the thread takes in turn (1 by default)
 // jemalloc loads only when glibc keeps static TLS for it: instructions.py sets GLIBC_TUNABLES.
 #include "peers.hpp"
@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
     const bool known = try_peer<pool_peer<pool_variant::plain>>(peer, scenario, streams) ||
                        try_peer<pool_peer<pool_variant::checked>>(peer, scenario, streams) ||
                        try_peer<pool_peer<pool_variant::capture_calls>>(peer, scenario, streams) ||
+                       try_peer<pool_peer<pool_variant::graph_kept>>(peer, scenario, streams) ||
                        try_peer<malloc_peer>(peer, scenario, streams) || try_peer<pmr_unsync_peer>(peer, scenario, streams) ||
                        try_peer<pmr_sync_peer>(peer, scenario, streams) || try_peer<jemalloc_peer>(peer, scenario, streams) ||
                        try_peer<mimalloc_peer>(peer, scenario, streams) || try_peer<lifo_peer>(peer, scenario, streams) ||

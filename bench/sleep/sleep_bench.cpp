@@ -28,7 +28,6 @@
 #include <custody/staging/staging_ring.hpp>
 
 #include "sleep_cycle.hpp"
-#include "throughput_reporter.hpp"
 
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
@@ -36,7 +35,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -120,29 +118,15 @@ void copy(benchmark::State& state) {
 } // namespace
 
 int main(int argc, char** argv) {
-    const bool short_run = std::getenv("CUSTODY_BENCH_SHORT") != nullptr;
-    std::vector<std::int64_t> sizes{std::int64_t{8} << 20};
-    if (!short_run) sizes = {std::int64_t{64} << 20, std::int64_t{512} << 20};
-    const auto reg = [&](const char* name, auto fn, auto... args) {
-        auto* b = benchmark::RegisterBenchmark(name, fn, args...);
-        for (auto n : sizes) b->Arg(n);
-        b->UseManualTime()->Unit(benchmark::kMillisecond);
-    };
-    reg("copy/out", &copy<false, false>);
-    reg("copy/in", &copy<true, false>);
-    reg("copy/out_fresh", &copy<false, true>);
-    reg("copy/in_fresh", &copy<true, true>);
+    using custody::bench::register_sized;
     using custody::bench::sleep_cycle;
-    reg("sleep/discard", &sleep_cycle<plain, false>, sleep_policy::discard, &make_memory<plain>);
-    reg("wake/discard", &sleep_cycle<plain, true>, sleep_policy::discard, &make_memory<plain>);
-    reg("sleep/offload", &sleep_cycle<plain, false>, sleep_policy::offload, &make_memory<plain>);
-    reg("wake/offload", &sleep_cycle<plain, true>, sleep_policy::offload, &make_memory<plain>);
-    reg("sleep/offload_cached", &sleep_cycle<cached, false>, sleep_policy::offload, &make_memory<cached>);
-    reg("wake/offload_cached", &sleep_cycle<cached, true>, sleep_policy::offload, &make_memory<cached>);
-    reg("sleep/offload_ring", &sleep_cycle<ringed, false>, sleep_policy::offload, &make_memory<ringed>);
-    reg("wake/offload_ring", &sleep_cycle<ringed, true>, sleep_policy::offload, &make_memory<ringed>);
-    benchmark::Initialize(&argc, argv);
-    custody::bench::throughput_reporter reporter;
-    benchmark::RunSpecifiedBenchmarks(&reporter);
-    benchmark::Shutdown();
+    const auto sizes = custody::bench::owner_sizes({std::int64_t{64} << 20, std::int64_t{512} << 20}, std::int64_t{8} << 20);
+    register_sized("copy/out", sizes, &copy<false, false>);
+    register_sized("copy/in", sizes, &copy<true, false>);
+    register_sized("copy/out_fresh", sizes, &copy<false, true>);
+    register_sized("copy/in_fresh", sizes, &copy<true, true>);
+    custody::bench::register_cycles(sizes, &make_memory<plain>, &make_memory<cached>);
+    register_sized("sleep/offload_ring", sizes, &sleep_cycle<ringed, false>, sleep_policy::offload, &make_memory<ringed>);
+    register_sized("wake/offload_ring", sizes, &sleep_cycle<ringed, true>, sleep_policy::offload, &make_memory<ringed>);
+    return custody::bench::run_registered(argc, argv);
 }

@@ -22,7 +22,6 @@
 #include <custody/sleep/sleepable_memory.hpp>
 
 #include "sleep_cycle.hpp"
-#include "throughput_reporter.hpp"
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
@@ -30,7 +29,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,7 +36,6 @@
 namespace {
 
 using custody::cuda::platform;
-using custody::sleep::sleep_policy;
 using plain = custody::sleep::sleepable_memory<custody::cuda::vmm, custody::resource::pinned_host>;
 using cached = custody::sleep::sleepable_memory<custody::cuda::vmm,
                                                 custody::pool::stream_ordered_pool<custody::resource::pinned_host>>;
@@ -82,25 +79,10 @@ int main(int argc, char** argv) {
         std::printf("no CUDA device: skipped\n");
         return 77;
     }
-    const bool short_run = std::getenv("CUSTODY_BENCH_SHORT") != nullptr;
-    std::vector<std::int64_t> sizes{std::int64_t{64} << 20};
-    if (!short_run) sizes = {std::int64_t{1} << 30, std::int64_t{8} << 30};
-    const auto reg = [&](const char* name, auto fn, auto... args) {
-        auto* b = benchmark::RegisterBenchmark(name, fn, args...);
-        for (auto n : sizes) b->Arg(n);
-        b->UseManualTime()->Unit(benchmark::kMillisecond);
-    };
-    reg("copy/out", &copy<false>);
-    reg("copy/in", &copy<true>);
-    using custody::bench::sleep_cycle;
-    reg("sleep/discard", &sleep_cycle<plain, false>, sleep_policy::discard, &make_memory<plain>);
-    reg("wake/discard", &sleep_cycle<plain, true>, sleep_policy::discard, &make_memory<plain>);
-    reg("sleep/offload", &sleep_cycle<plain, false>, sleep_policy::offload, &make_memory<plain>);
-    reg("wake/offload", &sleep_cycle<plain, true>, sleep_policy::offload, &make_memory<plain>);
-    reg("sleep/offload_cached", &sleep_cycle<cached, false>, sleep_policy::offload, &make_memory<cached>);
-    reg("wake/offload_cached", &sleep_cycle<cached, true>, sleep_policy::offload, &make_memory<cached>);
-    benchmark::Initialize(&argc, argv);
-    custody::bench::throughput_reporter reporter;
-    benchmark::RunSpecifiedBenchmarks(&reporter);
-    benchmark::Shutdown();
+    using custody::bench::register_sized;
+    const auto sizes = custody::bench::owner_sizes({std::int64_t{1} << 30, std::int64_t{8} << 30}, std::int64_t{64} << 20);
+    register_sized("copy/out", sizes, &copy<false>);
+    register_sized("copy/in", sizes, &copy<true>);
+    custody::bench::register_cycles(sizes, &make_memory<plain>, &make_memory<cached>);
+    return custody::bench::run_registered(argc, argv);
 }

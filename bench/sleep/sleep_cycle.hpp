@@ -1,15 +1,19 @@
 // The measured unit of the sleep benchmarks, on either platform: one owner ("model") of four blocks
-// put to sleep and woken, with only the sleep or only the wake timed.
+// put to sleep and woken, with only the sleep or only the wake timed; and what both programs
+// register and run around it.
 #pragma once
 
 #include <custody/debug/owner_scope.hpp>
 #include <custody/sleep/sleep_policy.hpp>
+
+#include "throughput_reporter.hpp"
 
 #include <benchmark/benchmark.h>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -63,6 +67,45 @@ void sleep_cycle(benchmark::State& state, sleep::sleep_policy policy, std::uniqu
         state.SetIterationTime(Wake ? woken : slept);
     }
     state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
+}
+
+/// The owner's sizes: `normal` bytes, or `short_run` with CUSTODY_BENCH_SHORT set (the registered
+/// `meson test --benchmark` run).
+inline std::vector<std::int64_t> owner_sizes(std::vector<std::int64_t> normal, std::int64_t short_run) {
+    if (std::getenv("CUSTODY_BENCH_SHORT") != nullptr) return {short_run};
+    return normal;
+}
+
+/// Registers `fn(state, args...)` as `name` for each of `sizes`, timed by the benchmark, in ms.
+template <class F, class... Args>
+void register_sized(const char* name, const std::vector<std::int64_t>& sizes, F fn, Args... args) {
+    auto* b = benchmark::RegisterBenchmark(name, fn, args...);
+    for (const std::int64_t n : sizes) b->Arg(n);
+    b->UseManualTime()->Unit(benchmark::kMillisecond);
+}
+
+/// The sleep and the wake under both policies of `Plain` (host memory for the offload taken at each
+/// sleep), and the offload of `Cached` (kept from one sleep to the next): sleep/discard,
+/// wake/discard, sleep/offload, wake/offload, sleep/offload_cached, wake/offload_cached.
+template <class Plain, class Cached>
+void register_cycles(const std::vector<std::int64_t>& sizes, std::unique_ptr<Plain> (*plain)(),
+                     std::unique_ptr<Cached> (*cached)()) {
+    using sleep::sleep_policy;
+    register_sized("sleep/discard", sizes, &sleep_cycle<Plain, false>, sleep_policy::discard, plain);
+    register_sized("wake/discard", sizes, &sleep_cycle<Plain, true>, sleep_policy::discard, plain);
+    register_sized("sleep/offload", sizes, &sleep_cycle<Plain, false>, sleep_policy::offload, plain);
+    register_sized("wake/offload", sizes, &sleep_cycle<Plain, true>, sleep_policy::offload, plain);
+    register_sized("sleep/offload_cached", sizes, &sleep_cycle<Cached, false>, sleep_policy::offload, cached);
+    register_sized("wake/offload_cached", sizes, &sleep_cycle<Cached, true>, sleep_policy::offload, cached);
+}
+
+/// Runs what is registered, reported by throughput_reporter.
+inline int run_registered(int argc, char** argv) {
+    benchmark::Initialize(&argc, argv);
+    throughput_reporter reporter;
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    benchmark::Shutdown();
+    return 0;
 }
 
 } // namespace custody::bench

@@ -5,15 +5,18 @@
  * in the CUDA build, the host platform's virtual memory in the host build; the host memory that
  * holds offloaded contents is kept from one sleep to the next (custody_sleep_release_host).
  *
- *   torch.cuda.memory.CUDAPluggableAllocator(path, "custody_sleep_malloc", "custody_sleep_free")
+ *   torch.cuda.memory.CUDAPluggableAllocator(path, "custody_sleep_alloc", "custody_sleep_free")
  *
  * backs a torch.cuda.MemPool with it (the Python package does this: custody.torch.sleepable()).
+ * A MemPool's allocation function returns NULL when there is no memory: PyTorch's caching
+ * allocator then frees its cached blocks, retries, and raises torch.OutOfMemoryError.
  * The owner of an allocation is the calling thread's owner scope (custody_owner_push), as for the
  * tracking resource.
  *
- * Every function is thread-safe. custody_sleep_malloc is PyTorch's allocation function: it throws a
- * C++ exception on failure (call it only from C++). The others never throw: they return NULL or a
- * negative status, and custody_sleep_last_error() says why, on the calling thread. Streams are as in
+ * Every function is thread-safe. custody_sleep_malloc throws a C++ exception on failure (for a
+ * whole-process allocator, whose NULL PyTorch would store; call it only from C++). The others never
+ * throw: they return NULL or a negative status, and custody_sleep_last_error() says why, on the
+ * calling thread. Streams are as in
  * custody_torch_allocator.h (a cudaStream_t in the CUDA build, a host stream's state in the host
  * build, NULL for the default stream). */
 #ifndef CUSTODY_SLEEP_H
@@ -62,8 +65,9 @@ typedef struct custody_sleep_owner_stats {
     int offload; /* while asleep: its contents were offloaded (1) or discarded (0) */
 } custody_sleep_owner_stats;
 
-/* Allocation for the calling thread's owner: custody_sleep_malloc throws (PyTorch's function),
- * custody_sleep_alloc returns NULL with custody_sleep_last_error(). size 0 returns NULL. */
+/* Allocation for the calling thread's owner: custody_sleep_alloc returns NULL with
+ * custody_sleep_last_error() (a MemPool's function), custody_sleep_malloc throws. size 0 returns
+ * NULL. */
 void* custody_sleep_malloc(ssize_t size, int device, void* stream);
 void* custody_sleep_alloc(ssize_t size, int device, void* stream);
 void custody_sleep_free(void* ptr, ssize_t size, int device, void* stream);

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -28,29 +29,35 @@ namespace {
 
 using namespace custody_plugin; // NOLINT(google-build-using-namespace): the library's own state
 
-/// The tracker of `device` (-1: the first device in use); throws when tracking is off or the
-/// device has allocated nothing yet.
-custody::debug::tracking_resource<tracked_pool>& tracker_of(int device) {
+/// Calls `f` with the tracker of `device` (-1: the first device in use); throws when tracking is
+/// off or the device has allocated nothing yet.
+template <class F>
+decltype(auto) with_tracker(int device, F&& f) {
     if (!options().tracking.load()) {
         throw std::logic_error("custody: tracking is off; turn it on before the first allocation "
                                "(custody_configure(\"tracking\", 1), custody.torch.enable(tracking=True))");
     }
-    if (device == -1) {
-        for (int d = 0; d < tracked().device_count(); ++d) {
-            if (tracked().find(d) != nullptr) return tracked().find(d)->upstream();
-        }
-        throw std::logic_error("custody: no device has allocated through custody yet");
+    for (int d = 0; device == -1 && d < platform::device_count(); ++d) {
+        if (dispatch_known(d, [&](auto& a) { return a.find(d) != nullptr; })) device = d;
     }
-    tracked_resource* r = tracked().find(device);
-    if (r == nullptr) throw std::invalid_argument("custody: device " + std::to_string(device) + " has allocated nothing yet");
-    return r->upstream();
+    if (device == -1) throw std::logic_error("custody: no device has allocated through custody yet");
+    using result = std::invoke_result_t<F&, custody::debug::tracking_resource<mapped::tracked_pool>&>;
+    return dispatch_known(device, [&](auto& a) -> result {
+        auto* r = a.find(device);
+        if (r == nullptr) throw std::invalid_argument("custody: device " + std::to_string(device) + " has allocated nothing yet");
+        if constexpr (is_tracked<std::remove_pointer_t<decltype(r)>>) {
+            return f(r->upstream());
+        } else {
+            throw std::logic_error("custody: tracking is off"); // not reached: tracking serves the tracked allocators
+        }
+    });
 }
 
 /// Fills *out with pick(the counters of `device`'s resource) of the allocator in service (zeros
 /// before its first allocation): 0, or -1 for a bad device or a failed query.
 template <class Out, class Pick>
 int fill_counters(int device, Out* out, Pick pick) noexcept {
-    return dispatch([&](auto& a) {
+    return dispatch_known(device, [&](auto& a) {
         if (out == nullptr || device < 0 || device >= a.device_count()) return -1;
         *out = Out{};
         auto* r = a.find(device);
@@ -70,39 +77,74 @@ std::vector<std::unique_ptr<custody::debug::owner_scope>>& owner_stack() {
     return stack;
 }
 
-/// Hands what the pool gave back to its upstream over to the device: cudaMallocAsync's pool keeps
-/// freed memory (custody's cuda_async sets no release threshold), so it is trimmed once the pool's
-/// frees, on the default stream, have run. Nothing to do over the host build's virtual devices.
-template <class Pool>
-void return_to_device([[maybe_unused]] Pool& pool) {
-#if defined(CUSTODY_TORCH_CUDA)
-    CUSTODY_CUDA_TRY(cudaStreamSynchronize(nullptr));
-    CUSTODY_CUDA_TRY(cudaMemPoolTrimTo(pool.upstream().pool_handle(), 0));
-#endif
+/// Whether a graph capture is routed into a pool of any device now (through either backing).
+bool capture_anywhere() noexcept {
+    bool underway = false;
+    for_each_allocator([&](auto& a) {
+        for (int d = 0; d < a.device_count(); ++d) {
+            if (const auto* r = a.find(d); r != nullptr && custody::detail::capture_underway(*r)) underway = true;
+        }
+    });
+    return underway;
 }
 
 /// Gives back held blocks and cached memory of `device` (-1: every device), to the device itself;
-/// the bytes the pools gave back. A device whose pool is serving a graph capture is left alone:
-/// synchronizing, or trimming the driver's pool, would invalidate the capture (a defensive
-/// torch.cuda.empty_cache() inside a captured region is common in libraries).
-template <class Allocator>
-std::size_t trim_devices(Allocator& a, int device) noexcept {
+/// the bytes the pools gave back. While a graph capture is routed into any device's pool, nothing
+/// at all: synchronizing a device, or unmapping, or freeing with cudaFree, would invalidate a
+/// capture begun in CUDA's global mode on any device of the process, and libraries call
+/// torch.cuda.empty_cache() defensively inside captured regions.
+std::size_t trim_devices(int device) noexcept {
+    if (capture_anywhere()) return 0;
     std::size_t released = 0;
-    const int first = device == -1 ? 0 : device;
-    const int last = device == -1 ? a.device_count() : device + 1;
-    for (int d = first; d < last; ++d) {
-        auto* r = a.find(d);
-        if (r == nullptr || custody::detail::capture_underway(*r)) continue;
-        custody::basic_device_guard<platform> guard(d, std::nothrow); // frees on d's default stream
-        r->release_held();
-        try {
-            released += pool_of(*r).trim();
-            return_to_device(pool_of(*r));
-        } catch (const std::exception& e) {
-            set_error(e.what());
+    for_each_allocator([&](auto& a) {
+        const int first = device == -1 ? 0 : device;
+        const int last = device == -1 ? a.device_count() : std::min(device + 1, a.device_count());
+        for (int d = std::max(first, 0); d < last; ++d) {
+            auto* r = a.find(d);
+            if (r == nullptr) continue;
+            custody::basic_device_guard<platform> guard(d, std::nothrow); // frees on d's default stream
+            r->release_held();
+            try {
+                released += pool_of(*r).trim();
+            } catch (const std::exception& e) {
+                set_error(e.what());
+            }
         }
-    }
+    });
     return released;
+}
+
+/// One line per device in use: its backing and why, then the counters custody_stats gives (the
+/// same numbers), and where the reserve is: granules mapped of the address range (mapped) or
+/// chunks (chunked), cached on streams, free to all, the largest free block, held for streams.
+std::string report_text() {
+    std::string text;
+    for (int d = 0; d < platform::device_count(); ++d) {
+        dispatch_known(d, [&](auto& a) {
+            auto* r = a.find(d);
+            if (r == nullptr) return;
+            const auto [s, segments] = stats_of(*r, a.out_of_memory_count(d));
+            const auto p = pool_of(*r).detailed_statistics();
+            const backing b = known_backing(d);
+            text += "custody device " + std::to_string(d) + " (" + backing_name(b) + ": " + backing_reason(d) +
+                    "): live " + std::to_string(s.live_bytes) + " B in " + std::to_string(s.live_allocations) +
+                    " blocks, peak live " + std::to_string(s.peak_live_bytes) + " B, reserved " +
+                    std::to_string(s.reserved_bytes) + " B (peak " + std::to_string(s.peak_reserved_bytes) + " B): ";
+            if (b == backing::mapped) {
+                text += std::to_string(segments.segments) + " granules of " + std::to_string(p.map_granule) +
+                        " B mapped in " + std::to_string(p.address_space_bytes) + " B of address space";
+            } else {
+                text += std::to_string(segments.segments) + " chunks";
+            }
+            text += ", " + std::to_string(p.stream_cached_bytes) + " B cached on streams, " +
+                    std::to_string(p.shared_free_bytes) + " B free to all, largest free block " +
+                    std::to_string(p.largest_free_block) + " B, " + std::to_string(s.held_bytes) +
+                    " B held for recorded streams; " + std::to_string(s.allocations) + " allocations, " +
+                    std::to_string(s.deallocations) + " deallocations, " + std::to_string(s.num_ooms) +
+                    " out of memory\n";
+        });
+    }
+    return text.empty() ? std::string("custody: no device used yet\n") : text;
 }
 
 } // namespace
@@ -110,15 +152,20 @@ std::size_t trim_devices(Allocator& a, int device) noexcept {
 extern "C" {
 
 CUSTODY_EXPORT void* custody_alloc(ssize_t size, int device, void* stream) {
-    return dispatch([&](auto& a) { return a.alloc(size, device, stream_of(stream)); });
+    try {
+        return dispatch(device, [&](auto& a) { return a.alloc(size, device, stream_of(stream)); });
+    } catch (const std::exception& e) { // the backing could not be decided (CUSTODY_BACKING)
+        set_error(e.what());
+        return nullptr;
+    }
 }
 
 CUSTODY_EXPORT void* custody_torch_malloc(ssize_t size, int device, void* stream) {
-    return dispatch([&](auto& a) { return a.allocate(size, device, stream_of(stream)); });
+    return dispatch(device, [&](auto& a) { return a.allocate(size, device, stream_of(stream)); });
 }
 
 CUSTODY_EXPORT void custody_free(void* ptr, ssize_t size, int device, void* stream) {
-    dispatch([&](auto& a) { a.free(ptr, size, device, stream_of(stream)); });
+    dispatch_known(device, [&](auto& a) { a.free(ptr, size, device, stream_of(stream)); });
 }
 
 CUSTODY_EXPORT int custody_stats(int device, custody_torch_stats* out) {
@@ -129,20 +176,41 @@ CUSTODY_EXPORT int custody_segments(int device, custody_torch_segments* out) {
     return fill_counters(device, out, [](const auto& counters) { return counters.second; });
 }
 
+CUSTODY_EXPORT ssize_t custody_backing(int device, char* buffer, size_t capacity) {
+    try {
+        if (device < 0 || device >= platform::device_count()) {
+            throw std::invalid_argument("custody: no device " + std::to_string(device) + " (" +
+                                        std::to_string(platform::device_count()) + " devices)");
+        }
+        const std::string text = std::string(backing_name(backing_of(device))) + " (" + backing_reason(device) + ")";
+        set_error("");
+        return static_cast<ssize_t>(copy_out(text, buffer, capacity));
+    } catch (const std::exception& e) {
+        return refuse(e.what());
+    }
+}
+
 CUSTODY_EXPORT int custody_configure(const char* name, uint64_t value) {
     const std::string key = name != nullptr ? name : "";
     options_state& o = options();
-    if (key != "max_bytes" && key != "device_headroom" && key != "tracking" && key != "stacks") {
-        return refuse("custody: unknown option '" + key + "' (known: max_bytes, device_headroom, tracking, stacks)");
+    if (key != "max_bytes" && key != "device_headroom" && key != "tracking" && key != "stacks" && key != "chunked") {
+        return refuse("custody: unknown option '" + key +
+                      "' (known: max_bytes, device_headroom, tracking, stacks, chunked)");
     }
     if (o.made.load()) {
         return refuse("custody: option '" + key + "' set after the first allocation; set options before it");
+    }
+    if (const int decided = first_decided_backing(); key == "chunked" && decided != -1) {
+        return refuse("custody: option 'chunked' set after device " + std::to_string(decided) +
+                      "'s backing was decided (by custody_backing or an allocation); set it before");
     }
     if (key == "tracking") {
         o.tracking.store(value != 0);
     } else if (key == "stacks") {
         o.stacks.store(value != 0);
         if (value != 0) static_cast<void>(install_python_frames()); // Python frames, in a Python process
+    } else if (key == "chunked") {
+        o.chunked.store(value != 0);
     } else {
         (key == "max_bytes" ? o.max_bytes : o.headroom).store(static_cast<std::size_t>(value));
     }
@@ -151,16 +219,16 @@ CUSTODY_EXPORT int custody_configure(const char* name, uint64_t value) {
 }
 
 CUSTODY_EXPORT int custody_set_max_bytes(int device, uint64_t bytes) {
-    return dispatch([&](auto& a) {
-        if (device < 0 || device >= a.device_count()) {
-            return refuse("custody: set_max_bytes: no device " + std::to_string(device) + " (" +
-                          std::to_string(a.device_count()) + " devices)");
+    if (device < 0 || device >= platform::device_count()) {
+        return refuse("custody: set_max_bytes: no device " + std::to_string(device) + " (" +
+                      std::to_string(platform::device_count()) + " devices)");
+    }
+    return checked([&] {
+        {
+            std::lock_guard lock(options().mutex);
+            options().device_max_bytes.insert_or_assign(device, static_cast<std::size_t>(bytes));
         }
-        return checked([&] {
-            {
-                std::lock_guard lock(options().mutex);
-                options().device_max_bytes.insert_or_assign(device, static_cast<std::size_t>(bytes));
-            }
+        dispatch_known(device, [&](auto& a) {
             if (auto* r = a.find(device)) pool_of(*r).set_maximum_size(static_cast<std::size_t>(bytes));
         });
     });
@@ -171,8 +239,10 @@ CUSTODY_EXPORT int custody_set_out_of_memory_callback(custody_out_of_memory_call
         auto forward = [callback, user](int device, std::size_t bytes, const char* diagnostics) {
             callback(device, bytes, diagnostics, user);
         };
-        plain().set_out_of_memory_callback(callback != nullptr ? forward : plain_allocator::out_of_memory_callback{});
-        tracked().set_out_of_memory_callback(callback != nullptr ? forward : tracked_allocator::out_of_memory_callback{});
+        mapped_plain().set_out_of_memory_callback(callback != nullptr ? forward : mapped::plain_allocator::out_of_memory_callback{});
+        mapped_tracked().set_out_of_memory_callback(callback != nullptr ? forward : mapped::tracked_allocator::out_of_memory_callback{});
+        chunked_plain().set_out_of_memory_callback(callback != nullptr ? forward : chunked::plain_allocator::out_of_memory_callback{});
+        chunked_tracked().set_out_of_memory_callback(callback != nullptr ? forward : chunked::tracked_allocator::out_of_memory_callback{});
     });
 }
 
@@ -211,12 +281,16 @@ CUSTODY_EXPORT int custody_claim_device(const char* device_id, int rank, int dev
 }
 
 CUSTODY_EXPORT int custody_record_stream(void* ptr, void* stream) {
-    return dispatch([&](auto& a) { return a.record_stream(ptr, stream_of(stream)) ? 0 : -1; });
+    int device = 0;
+    try {
+        device = platform::stream_device(stream_of(stream));
+    } catch (const std::exception& e) {
+        return refuse(e.what());
+    }
+    return dispatch_known(device, [&](auto& a) { return a.record_stream(ptr, stream_of(stream)) ? 0 : -1; });
 }
 
-CUSTODY_EXPORT size_t custody_empty_cache(void) {
-    return dispatch([](auto& a) { return trim_devices(a, -1); });
-}
+CUSTODY_EXPORT size_t custody_empty_cache(void) { return trim_devices(-1); }
 
 CUSTODY_EXPORT int custody_begin_allocate_to_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second,
                                                   void* stream) {
@@ -226,27 +300,29 @@ CUSTODY_EXPORT int custody_begin_allocate_to_pool(int device, uint64_t pool_id_f
     }
     // Opened before the capture begins, on the stream about to be captured (the pool claims the
     // streams forked into its capture once it has begun).
-    return dispatch([&](auto& a) {
-        return a.begin_allocate_to_pool(device, {pool_id_first, pool_id_second}, stream_of(stream)) ? 0 : -1;
-    });
+    try {
+        return dispatch(device, [&](auto& a) {
+            return a.begin_allocate_to_pool(device, {pool_id_first, pool_id_second}, stream_of(stream)) ? 0 : -1;
+        });
+    } catch (const std::exception& e) { // the backing could not be decided (CUSTODY_BACKING)
+        return refuse(e.what());
+    }
 }
 
 CUSTODY_EXPORT int custody_end_allocate_to_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second) {
-    return dispatch([&](auto& a) { return a.end_allocate_to_pool(device, {pool_id_first, pool_id_second}) ? 0 : -1; });
+    return dispatch_known(device, [&](auto& a) { return a.end_allocate_to_pool(device, {pool_id_first, pool_id_second}) ? 0 : -1; });
 }
 
 CUSTODY_EXPORT int custody_release_pool(int device, uint64_t pool_id_first, uint64_t pool_id_second) {
-    return dispatch([&](auto& a) { return a.release_pool(device, {pool_id_first, pool_id_second}) ? 0 : -1; });
+    return dispatch_known(device, [&](auto& a) { return a.release_pool(device, {pool_id_first, pool_id_second}) ? 0 : -1; });
 }
 
-CUSTODY_EXPORT size_t custody_trim(int device) {
-    return dispatch([&](auto& a) { return trim_devices(a, device); });
-}
+CUSTODY_EXPORT size_t custody_trim(int device) { return trim_devices(device); }
 
 CUSTODY_EXPORT size_t custody_report(char* buffer, size_t capacity) {
     std::string text;
     try {
-        text = dispatch([](auto& a) { return a.report(); });
+        text = report_text();
     } catch (...) {
         text = "custody: the report could not be built\n";
     }
@@ -275,7 +351,8 @@ CUSTODY_EXPORT size_t custody_owner_current(char* buffer, size_t capacity) {
 
 CUSTODY_EXPORT ssize_t custody_report_json(int device, char* buffer, size_t capacity) {
     try {
-        const std::string text = custody::debug::to_json(tracker_of(device).make_report());
+        const std::string text =
+            custody::debug::to_json(with_tracker(device, [](auto& tracker) { return tracker.make_report(); }));
         set_error("");
         return static_cast<ssize_t>(copy_out(text, buffer, capacity));
     } catch (const std::exception& e) {
@@ -286,18 +363,14 @@ CUSTODY_EXPORT ssize_t custody_report_json(int device, char* buffer, size_t capa
 CUSTODY_EXPORT int custody_write_report(int device, const char* path) {
     return checked([&] {
         if (path == nullptr || *path == '\0') throw std::invalid_argument("custody: empty report path");
-        custody::debug::write_json_report(tracker_of(device).make_report(), path);
+        custody::debug::write_json_report(with_tracker(device, [](auto& tracker) { return tracker.make_report(); }), path);
     });
 }
 
-CUSTODY_EXPORT const char* custody_last_error(void) {
-    return dispatch([](auto& a) { return a.last_error(); });
-}
+CUSTODY_EXPORT const char* custody_last_error(void) { return last_slot().get(); }
 
 CUSTODY_EXPORT const char* custody_platform(void) { return custody_plugin::platform::name.data(); }
 
-CUSTODY_EXPORT int custody_device_count(void) {
-    return dispatch([](auto& a) { return a.device_count(); });
-}
+CUSTODY_EXPORT int custody_device_count(void) { return platform::device_count(); }
 
 } // extern "C"

@@ -42,9 +42,9 @@ typedef struct custody_torch_stats {
  * its size for the callers built against it). */
 typedef struct custody_torch_segments {
     uint64_t held_blocks;         /* the blocks of held_bytes */
-    uint64_t segments;            /* chunks the pool holds from the device */
-    uint64_t device_allocations;  /* chunks taken from the device, ever */
-    uint64_t device_frees;        /* chunks given back to the device, ever */
+    uint64_t segments;            /* chunks the pool holds from the device (chunked); granules it maps (mapped) */
+    uint64_t device_allocations;  /* chunks taken from the device, ever (chunked); granules mapped (mapped) */
+    uint64_t device_frees;        /* chunks given back to the device, ever (chunked); granules unmapped (mapped) */
 } custody_torch_segments;
 
 /* Allocation: size bytes on device, ordered on stream. size 0 returns NULL without an error.
@@ -57,14 +57,27 @@ void custody_free(void* ptr, ssize_t size, int device, void* stream);
 /* Sets an option before the first allocation: "max_bytes" (a cap per device; 0: none beyond the
  * device, or CUSTODY_TORCH_MAX_BYTES when set), "device_headroom" (bytes of the device the pool
  * leaves free, CUDA build; default an eighth of the device, at most 1 GiB), "tracking" (1: every
- * allocation goes through custody's tracking resource, for owners, snapshots and per-rank reports) or "stacks" (1: with tracking,
- * each allocation's call stack is kept, for leak reports and snapshots). Returns 0, or -1 (see
- * custody_last_error) for an unknown name or once a pool exists. */
+ * allocation goes through custody's tracking resource, for owners, snapshots and per-rank reports),
+ * "stacks" (1: with tracking, each allocation's call stack is kept, for leak reports and
+ * snapshots) or "chunked" (1: the pools take chunks from cudaMalloc instead of mapping granules,
+ * see custody_backing; CUSTODY_BACKING, when set, wins). Returns 0, or -1 (see custody_last_error)
+ * for an unknown name or once a pool exists. */
 int custody_configure(const char* name, uint64_t value);
-/* From now on device's pool holds at most bytes (PyTorch's set_per_process_memory_fraction): it
- * grows no further beyond them; set before the device's first allocation, it is the pool's cap.
- * 0, or -1 for a bad device. */
+/* Caps device's pool at bytes (PyTorch's set_per_process_memory_fraction), before or after the
+ * device's first allocation alike: it grows no further beyond them (0: nothing more is allocated;
+ * 2^64-1: no cap beyond the device's); what it holds beyond them already stays until trimmed.
+ * Wins over max_bytes and CUSTODY_TORCH_MAX_BYTES for that device. 0, or -1 for a bad device. */
 int custody_set_max_bytes(int device, uint64_t bytes);
+/* What backs device's pools (the whole-process allocator's and the "pool" MemPool backing's),
+ * decided at the first call that needs it and kept for the process: "mapped" (the default: one
+ * address range per device into which the pool maps 2 MiB granules as it grows and from which it
+ * unmaps them, cuMemCreate/cuMemMap; the host build maps the host's virtual memory) or "chunked"
+ * (chunks from cudaMalloc, which cudaIpcGetMemHandle and RDMA registration accept and mapped
+ * memory is refused by: when asked, by CUSTODY_BACKING=chunked or the option "chunked", or on a
+ * device without virtual memory management), followed by why in parentheses. Copied as
+ * custody_report does; returns its length, or -1 for a bad device or a CUSTODY_BACKING other than
+ * "mapped" or "chunked". */
+ssize_t custody_backing(int device, char* buffer, size_t capacity);
 /* Called with the device, the bytes asked for, custody's diagnostics and user at every
  * out-of-memory of the whole-process allocator, before custody_torch_malloc throws (or custody_alloc
  * returns NULL), on the allocating thread. It must not throw nor allocate through custody. NULL:
@@ -86,7 +99,8 @@ int custody_claim_device(const char* device_id, int rank, int device);
  * it is held until that work has finished, then reused. 0, or -1 when it cannot be recorded. */
 int custody_record_stream(void* ptr, void* stream);
 /* PyTorch's empty_cache (reset) hook: gives every device's cached memory back to the device,
- * after the work of held blocks has finished. Returns the bytes given back. */
+ * after the work of held blocks has finished (nothing while a capture is routed, see custody_trim).
+ * Returns the bytes given back. */
 size_t custody_empty_cache(void);
 /* PyTorch's graph-capture hooks (CUDAGraph's beginAllocateToPool, endAllocateToPool and
  * releasePool; PyTorch's pluggable allocator takes them from C++ only, so custody.torch calls them
@@ -108,10 +122,15 @@ int custody_release_pool(int device, uint64_t pool_id_first, uint64_t pool_id_se
 /* Fills *out with device's counters (zeros before its first allocation). 0, or -1 for a bad device. */
 int custody_stats(int device, custody_torch_stats* out);
 int custody_segments(int device, custody_torch_segments* out);
-/* Gives cached memory back to the device (device -1: all). Returns the bytes released. */
+/* Gives cached memory back to the device (device -1: all). Returns the bytes released. While a
+ * graph capture is routed into any device's pool, custody_trim and custody_empty_cache give nothing
+ * back on any device (what they would wait for or free would invalidate the capture). */
 size_t custody_trim(int device);
-/* Writes a text report (one line per device in use) into buffer, NUL-terminated and truncated to
- * capacity; returns the length of the whole report (as snprintf). */
+/* Writes a text report into buffer, NUL-terminated and truncated to capacity; returns the length
+ * of the whole report (as snprintf). One line per device in use: its backing and why; live, peak
+ * live, reserved and peak reserved bytes (custody_stats' numbers); the granules mapped and the
+ * address space (mapped) or the chunks (chunked); bytes cached on streams, free to all, the largest
+ * free block, bytes held for recorded streams; allocations, frees and out-of-memory errors. */
 size_t custody_report(char* buffer, size_t capacity);
 /* Tracking (with "tracking" configured on). Owner scopes are per thread and nest ("decode" then
  * "kv_cache" names "decode/kv_cache"); what the thread allocates inside is that owner's.
@@ -140,9 +159,11 @@ int custody_write_snapshot(const char* path);
 
 /* The memory behind a torch.cuda.MemPool (custody.torch.mem_pool): PyTorch's caching allocator
  * keeps serving tensors and takes whole segments from a MemPool's CUDAPluggableAllocator, here from
- * a custody resource per device, one pair of entry points per backing: "pool" (custody's pool over
- * cudaMallocAsync) and "vmm" (the virtual-memory resource, memory mapped on demand). A segment is
- * taken and given back synchronously, whatever stream PyTorch names; alloc returns NULL on failure
+ * a custody resource per device, one pair of entry points per backing: "pool" (custody's pool, over
+ * the device's backing: see custody_backing) and "vmm" (the virtual-memory resource, memory mapped
+ * on demand). A segment is taken synchronously, whatever stream PyTorch names, and its free is
+ * ordered after the work queued on the stream PyTorch names (the stream it was taken on: the pool
+ * caches it on that stream, vmm unmaps it once that stream's work has run); alloc returns NULL on failure
  * (PyTorch's caching allocator then raises its out-of-memory error), with the reason in
  * custody_last_error(). custody_mempool_backings lists the backings ("pool,vmm");
  * custody_mempool_stats fills a backing's counters for a device (segments may be NULL; 0, or -1 for

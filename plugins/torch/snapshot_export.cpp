@@ -12,6 +12,7 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -27,17 +28,20 @@ std::vector<custody::debug::device_memory_state> device_states() {
                                "(custody_configure(\"tracking\", 1), custody.torch.enable(tracking=True))");
     }
     std::vector<custody::debug::device_memory_state> states;
-    tracked_allocator& a = tracked();
-    for (int d = 0; d < a.device_count(); ++d) {
-        tracked_resource* r = a.find(d);
-        if (r == nullptr) continue;
-        custody::debug::device_memory_state s;
-        s.device = d;
-        s.segments = pool_of(*r).upstream().segments();
-        s.blocks = r->upstream().live_blocks();
-        s.pending_free = r->held_addresses();
-        if (const auto& history = pool_of(*r).upstream().history()) s.history = history->events();
-        states.push_back(std::move(s));
+    for (int d = 0; d < platform::device_count(); ++d) {
+        dispatch_known(d, [&](auto& a) {
+            auto* r = a.find(d);
+            if constexpr (is_tracked<std::remove_pointer_t<decltype(r)>>) {
+                if (r == nullptr) return;
+                custody::debug::device_memory_state s;
+                s.device = d;
+                s.segments = pool_of(*r).upstream().segments();
+                s.blocks = r->upstream().live_blocks();
+                s.pending_free = r->held_addresses();
+                if (const auto& history = pool_of(*r).upstream().history()) s.history = history->events();
+                states.push_back(std::move(s));
+            }
+        });
     }
     return states;
 }

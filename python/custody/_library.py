@@ -46,7 +46,8 @@ INT_MAX = (1 << 31) - 1
 U64_MAX = (1 << 64) - 1
 SIZE_MAX = (1 << 63) - 1  # custody_alloc's ssize_t
 # custody_configure's options and the values each takes (device_headroom's 2^64-1 means "not set").
-CONFIGURE_RANGES = {"max_bytes": (0, U64_MAX), "device_headroom": (0, U64_MAX - 1), "tracking": (0, 1), "stacks": (0, 1)}
+CONFIGURE_RANGES = {"max_bytes": (0, U64_MAX), "device_headroom": (0, U64_MAX - 1), "tracking": (0, 1), "stacks": (0, 1),
+                    "chunked": (0, 1)}
 
 
 def check_integer(value, what, lowest, highest):
@@ -193,6 +194,7 @@ class Library:
             "custody_report_json": (ssize_t, [c_int, ctypes.c_char_p, size_t]),
             "custody_write_report": (c_int, [c_int, ctypes.c_char_p]),
             "custody_set_max_bytes": (c_int, [c_int, u64]),
+            "custody_backing": (ssize_t, [c_int, ctypes.c_char_p, size_t]),
             "custody_set_out_of_memory_callback": (c_int, [_OOM_CALLBACK, vp]),
             "custody_device_name": (ssize_t, [c_int, ctypes.c_char_p, size_t]),
             "custody_record_history": (c_int, [u64]),
@@ -252,11 +254,12 @@ class Library:
 
     def configure(self, name, value):
         """Sets an option of the pools before the first allocation: max_bytes (0 .. 2^64-1; 0: no
-        cap), device_headroom (0 .. 2^64-2), tracking and stacks (0 or 1). Raises CustodyError naming the
-        option for a value out of its range or not an integer (nothing is set then)."""
+        cap), device_headroom (0 .. 2^64-2), tracking, stacks, chunked (0 or 1; chunked: cudaMalloc
+        chunks rather than mapped granules, see backing()). Raises CustodyError naming the option for
+        a value out of its range or not an integer (nothing is set then)."""
         key = check_text(name, "option name")
         lowest, highest = CONFIGURE_RANGES.get(name, (0, U64_MAX))
-        if name in ("tracking", "stacks") and isinstance(value, bool):
+        if name in ("tracking", "stacks", "chunked") and isinstance(value, bool):
             value = int(value)
         check_integer(value, name, lowest, highest)
         self._check(self._lib.custody_configure(key, value))
@@ -340,8 +343,20 @@ class Library:
         self._check(self._lib.custody_write_report(_device(device), _check_path(path)))
 
     def set_max_bytes(self, device, max_bytes):
-        """Caps `device`'s pool at `max_bytes` from now on (set_per_process_memory_fraction)."""
+        """Caps `device`'s pool at `max_bytes` from now on (set_per_process_memory_fraction), before
+        or after its first allocation alike: 0 lets nothing more be allocated, 2^64-1 leaves no cap
+        beyond the device's."""
         self._check(self._lib.custody_set_max_bytes(_device(device), check_integer(max_bytes, "max_bytes", 0, U64_MAX)))
+
+    def backing(self, device):
+        """What backs `device`'s pools, and why: ("mapped", why) (the default: 2 MiB granules mapped
+        into one address range as the pool grows, given back as it trims) or ("chunked", why)
+        (cudaMalloc chunks, which CUDA IPC and RDMA registration accept: asked for by CUSTODY_BACKING
+        or configure("chunked", 1), or a device without virtual memory management). Decided at the
+        first call that needs it and kept for the process. Raises CustodyError for a bad device or a
+        CUSTODY_BACKING other than "mapped" or "chunked"."""
+        name, _, why = self._text(self._lib.custody_backing, _device(device, lowest=0)).partition(" (")
+        return name, why[:-1]
 
     def set_out_of_memory_callback(self, callback):
         """Calls callback(device, bytes, diagnostics) at every out-of-memory, before the failing

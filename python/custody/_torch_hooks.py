@@ -110,11 +110,19 @@ def install_capture(torch, lib):
     @functools.wraps(original_end)
     def capture_end(self, *args, **kwargs):
         try:
-            return original_end(self, *args, **kwargs)
-        finally:
+            result = original_end(self, *args, **kwargs)
+        except BaseException:
+            # The capture's own error is the one to see: the route is closed, and a refusal to
+            # close it is dropped rather than raised in its place.
             capture = self.__dict__.pop("_custody_capture", None)
             if capture is not None:
-                lib.end_allocate_to_pool(*capture)
+                with contextlib.suppress(CustodyError):
+                    lib.end_allocate_to_pool(*capture)
+            raise
+        capture = self.__dict__.pop("_custody_capture", None)
+        if capture is not None:
+            lib.end_allocate_to_pool(*capture)
+        return result
 
     @functools.wraps(original_reset)
     def reset(self):

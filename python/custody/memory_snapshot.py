@@ -30,8 +30,10 @@ DEFAULT_HISTORY = 100_000
 
 def record_history(max_entries=DEFAULT_HISTORY, lib=None):
     """Keeps each device's last `max_entries` allocation events (allocations, frees, segments,
-    out-of-memory) for the snapshots' device_traces; 0 stops and forgets. Needs tracking on."""
-    (lib or library()).record_history(int(max_entries))
+    out-of-memory) for the snapshots' device_traces; 0 stops and forgets. Needs tracking on. An
+    integer in 0 .. 2^64-1: anything else (a float, a string) is refused with a CustodyError, as
+    Library.record_history refuses it."""
+    (lib or library()).record_history(max_entries)
 
 
 def memory_snapshot(lib=None):

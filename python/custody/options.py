@@ -16,8 +16,10 @@ ENVIRONMENT = {
     "claim_device": "CUSTODY_CLAIM_DEVICE",
     "tracking": "CUSTODY_TRACKING",
     "stacks": "CUSTODY_STACKS",
+    "backing": "CUSTODY_BACKING",
 }
 _BOOLEANS = {"claim_device": True, "tracking": False, "stacks": False}  # boolean options and their defaults
+_CHOICES = {"backing": ("mapped", "chunked")}  # options that take one of a few words, the first the default
 
 _UNITS = {"": 1, "k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "t": 1000 ** 4,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -54,6 +56,13 @@ def _parse_bool(text, what):
     raise CustodyError("custody: %s=%s is not a boolean (1/0, true/false, yes/no, on/off)" % (what, _shown(text)))
 
 
+def _parse_choice(text, what, choices):
+    value = text.strip() if isinstance(text, str) else text
+    if value not in choices:
+        raise CustodyError("custody: %s=%s is not one of %s" % (what, _shown(text), ", ".join(choices)))
+    return value
+
+
 def resolve(environ=None, **given):
     """The options to use: those `given` (None: the default), each replaced by its environment
     variable when that is set. Returns a dict with every option; sizes in bytes, None where
@@ -67,7 +76,14 @@ def resolve(environ=None, **given):
     for name, variable in ENVIRONMENT.items():
         value = given.get(name)
         from_env = environ.get(variable)
-        if name in _BOOLEANS:
+        if name in _CHOICES:
+            if from_env not in (None, ""):
+                value = _parse_choice(from_env, variable, _CHOICES[name])
+            elif value is None:
+                value = _CHOICES[name][0]
+            else:
+                value = _parse_choice(value, name, _CHOICES[name])
+        elif name in _BOOLEANS:
             if from_env not in (None, ""):
                 value = _parse_bool(from_env, variable)
             elif value is None:

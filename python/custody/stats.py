@@ -8,7 +8,7 @@ up."""
 
 from ._library import library
 
-__all__ = ["memory_stats", "memory_summary", "PYTORCH_KEYS"]
+__all__ = ["memory_stats", "memory_summary", "PYTORCH_KEYS", "BACKING_KEY"]
 
 # PyTorch key -> how to compute it from custody_torch_stats.
 PYTORCH_KEYS = {
@@ -25,8 +25,8 @@ PYTORCH_KEYS = {
     "allocation.all.freed": lambda s: s["deallocations"],
     # Active blocks: allocated, or freed and held for other streams.
     "active.all.current": lambda s: s["live_allocations"] + s["held_blocks"],
-    # Segments: the chunks the pool holds from the device (cudaMallocAsync's), and the calls that
-    # took and gave them.
+    # Segments: the chunks the pool holds from the device and those taken and given back (chunked),
+    # or the granules it has mapped and those mapped and unmapped (mapped).
     "segment.all.current": lambda s: s["segments"],
     "num_device_alloc": lambda s: s["device_allocations"],
     "num_device_free": lambda s: s["device_frees"],
@@ -34,10 +34,19 @@ PYTORCH_KEYS = {
 }
 
 
+# custody's own key beside PyTorch's: what backs the device's pool ("mapped" or "chunked", see
+# Library.backing), a text where PyTorch's values are all numbers.
+BACKING_KEY = "custody.backing"
+
+
 def memory_stats(device=0, lib=None):
-    """A dict of `device`'s counters under PyTorch's key names (sorted, as PyTorch returns them)."""
-    raw = (lib or library()).stats(device)
-    return {key: PYTORCH_KEYS[key](raw) for key in sorted(PYTORCH_KEYS)}
+    """A dict of `device`'s counters under PyTorch's key names (sorted, as PyTorch returns them),
+    and custody.backing: "mapped" or "chunked"."""
+    lib = lib or library()
+    raw = lib.stats(device)
+    stats = {key: PYTORCH_KEYS[key](raw) for key in sorted(PYTORCH_KEYS)}
+    stats[BACKING_KEY] = lib.backing(device)[0]
+    return stats
 
 
 def _bytes(n):
@@ -63,6 +72,7 @@ def memory_summary(device=0, lib=None):
     width = 72
     lines = ["=" * width,
              "custody memory summary, device %d (%s build)" % (device, lib.platform),
+             "backing: %s (%s)" % lib.backing(device),
              "-" * width,
              "%-34s %18s %18s" % ("Metric", "Current", "Peak"),
              "-" * width]

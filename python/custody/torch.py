@@ -63,7 +63,7 @@ def enabled():
     return _state["lib"] is not None
 
 
-def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=None, stacks=None,
+def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=None, stacks=None, backing=None,
            library_file=None):
     """Makes custody PyTorch's CUDA allocator. Call it before anything touches CUDA (right after
     `import torch`): PyTorch cannot change allocators once CUDA is initialized, and this raises
@@ -77,17 +77,20 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
     claim_device (default True): claim this rank's GPU so that a second rank on it fails at once,
     naming both ranks; stacks (default False): with tracking, keep each allocation's call stack
     (the application's native frames and the allocating thread's Python frames, custody's own and
-    the interpreter's plumbing left out) for leak reports and snapshots. Each is overridden by its
-    environment variable
-    (custody.options.ENVIRONMENT: CUSTODY_MAX_BYTES, CUSTODY_DEVICE_HEADROOM, CUSTODY_TRACKING,
-    CUSTODY_CLAIM_DEVICE, CUSTODY_STACKS), for jobs launched by torchrun. Returns the options in
-    force."""
+    the interpreter's plumbing left out) for leak reports and snapshots; backing (default "mapped"):
+    what the pools grow in, "mapped" (2 MiB granules mapped into one address range per device, given
+    back as the pool trims) or "chunked" (cudaMalloc chunks: for memory that cudaIpcGetMemHandle or
+    RDMA registration must accept, which refuse mapped memory; a device without virtual memory
+    management gets them anyway; custody.library().backing(device) says what a device has). Each is
+    overridden by its environment variable (custody.options.ENVIRONMENT: CUSTODY_MAX_BYTES,
+    CUSTODY_DEVICE_HEADROOM, CUSTODY_TRACKING, CUSTODY_CLAIM_DEVICE, CUSTODY_STACKS, CUSTODY_BACKING),
+    for jobs launched by torchrun. Returns the options in force."""
     import torch
 
     if enabled():
         return dict(_state["options"])
     chosen = _options.resolve(max_bytes=max_bytes, device_headroom=device_headroom, tracking=tracking,
-                              claim_device=claim_device, stacks=stacks)
+                              claim_device=claim_device, stacks=stacks, backing=backing)
     if torch.cuda.is_initialized():
         raise TooLateError("custody: custody.torch.enable() came after CUDA was initialized (something already "
                            "allocated CUDA memory or queried a device); PyTorch cannot change its allocator then. "
@@ -104,6 +107,7 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
             lib.configure(name, chosen[name])
     lib.configure("tracking", 1 if chosen["tracking"] else 0)
     lib.configure("stacks", 1 if chosen["stacks"] else 0)
+    lib.configure("chunked", 1 if chosen["backing"] == "chunked" else 0)
     allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "custody_torch_malloc", "custody_free")
     try:
         torch.cuda.memory.change_current_allocator(allocator)
@@ -185,9 +189,12 @@ def mem_pool(backing="pool", *, use_on_oom=False, library_file=None):
         with torch.cuda.use_mem_pool(pool):
             kv_cache = torch.empty(...)
 
-    Backings (custody.library().mempool_backings): "pool", custody's pool over cudaMallocAsync (its
-    limits, device headroom and statistics, shared by every MemPool over it); "vmm", the
-    virtual-memory resource (each segment mapped on demand and unmapped when PyTorch gives it back).
+    Backings (custody.library().mempool_backings): "pool", custody's pool (its limits, device
+    headroom and statistics, shared by every MemPool over it), growing by mapping granules or in
+    cudaMalloc chunks as custody.library().backing(device) says (CUSTODY_BACKING=chunked for memory
+    CUDA IPC or RDMA registration must accept); "vmm", the virtual-memory resource (each segment
+    mapped on demand and unmapped, once the work queued on its stream has run, when PyTorch gives it
+    back).
 
     The trade-off against enable(): behind a MemPool PyTorch splits blocks and custody sees
     segments, so owners, stacks and snapshots are per segment; use enable(tracking=True) for them

@@ -11,7 +11,7 @@ does, on custody's sleepable memory.
                                                                         # captured graphs keep working
 
 Each owner has a torch.cuda.MemPool of its own per device, backed by a CUDAPluggableAllocator over
-the library's custody_sleep_malloc and custody_sleep_free: PyTorch's caching allocator splits and
+the library's custody_sleep_alloc and custody_sleep_free: PyTorch's caching allocator splits and
 caches segments inside the pool, so a segment never serves two owners. This needs no
 custody.torch.enable(): the process keeps PyTorch's allocator for everything else.
 
@@ -45,6 +45,12 @@ CaptureOpenError = _sleepable.CaptureOpenError
 
 _pools = {}
 
+# The allocation function of the owners' MemPools. PyTorch's caching allocator takes a NULL from a
+# MemPool's allocator as out of memory: it frees its cached blocks, retries, and raises
+# torch.OutOfMemoryError (CUDACachingAllocator.cpp's allocPrimitive). custody_sleep_alloc returns
+# NULL; custody_sleep_malloc would throw through PyTorch instead, skipping that retry.
+SLEEPABLE_ALLOC = "custody_sleep_alloc"
+
 
 def _device(torch, device, what):
     """The index of `device`; the current CUDA device for None, which needs one: custody's error then
@@ -64,7 +70,7 @@ def sleepable_pool(owner, device=None):
     key = (owner, _device_index(torch, device))
     if key not in _pools:
         _pools[key] = torch.cuda.MemPool(
-            _pluggable_allocator(torch, library_path(), "custody_sleep_malloc", "custody_sleep_free").allocator())
+            _pluggable_allocator(torch, library_path(), SLEEPABLE_ALLOC, "custody_sleep_free").allocator())
     return _pools[key]
 
 

@@ -78,3 +78,31 @@ TEST_CASE("CUSTODY_NCCL_TRY throws nccl_error with the call", "[nccl][core]") {
 #endif
 
 int main(int argc, char* argv[]) { return Catch::Session().run(argc, argv); }
+
+namespace {
+
+// Stand-ins for cuDevicePrimaryCtxGetState.
+CUresult CUDAAPI state_untouched(CUdevice, unsigned int*, int*) { return CUDA_SUCCESS; } // an inactive context, as a driver may answer it
+CUresult CUDAAPI state_inactive(CUdevice, unsigned int* flags, int* active) {
+    *flags = 0;
+    *active = 0;
+    return CUDA_SUCCESS;
+}
+CUresult CUDAAPI state_active(CUdevice, unsigned int* flags, int* active) {
+    *flags = 0;
+    *active = 1;
+    return CUDA_SUCCESS;
+}
+CUresult CUDAAPI state_failing(CUdevice, unsigned int*, int*) { return CUDA_ERROR_INVALID_DEVICE; }
+
+} // namespace
+
+TEST_CASE("a primary context is active only when the driver says 1, as PyTorch reads it", "[cuda][platform]") {
+    using custody::cuda::detail::primary_context_active;
+    CHECK_FALSE(primary_context_active(0, &state_untouched)); // the state left as seeded: inactive
+    CHECK_FALSE(primary_context_active(0, &state_inactive));
+    CHECK(primary_context_active(0, &state_active));
+    // The driver cannot tell: callers behave as without the query.
+    CHECK(primary_context_active(0, &state_failing));
+    CHECK(primary_context_active(0, nullptr));
+}

@@ -11,15 +11,22 @@
 #include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/catch.hpp"
+#include "../support/planted_links.hpp"
 
+#include <atomic>
+#include <climits>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 using namespace custody;
@@ -108,6 +115,17 @@ TEST_CASE("snapshot: blocks tile their segment, held ones are pending, strays ge
     CHECK(seg->sum("active_allocated", true) == 1000);
 }
 
+TEST_CASE("snapshot: a device number no machine has is refused, not overflowed", "[debug][snapshot]") {
+    for (const int device : {INT_MAX, max_snapshot_device + 1}) {
+        device_memory_state d;
+        d.device = device;
+        CHECK_THROWS_AS(make_pytorch_snapshot({d}), std::invalid_argument);
+    }
+    device_memory_state last;
+    last.device = max_snapshot_device;
+    CHECK(make_pytorch_snapshot({last}).device_traces.size() == static_cast<std::size_t>(max_snapshot_device) + 1);
+}
+
 TEST_CASE("snapshot: a tracker over a journaled pool records allocations, frees and segments in order",
           "[debug][snapshot]") {
     auto history = std::make_shared<allocation_history>(100);
@@ -177,5 +195,51 @@ TEST_CASE("snapshot: written to a new file renamed into place, never through a l
     CHECK(data.substr(0, 2) == "\x80\x02");
     CHECK(data.back() == '.');
     CHECK_THROWS_AS(write_pytorch_snapshot(pytorch_snapshot{}, (dir / "no" / "such" / "dir").string()), custody::error);
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("snapshot: a pipe, a planted temporary name and threads writing one path", "[debug][snapshot]") {
+    const auto dir = std::filesystem::temp_directory_path() / ("custody-snapshot-hostile-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string expected = to_pickle(pytorch_snapshot{});
+
+    // A named pipe with a reader is written through and stays a pipe (never replaced by a file).
+    const std::string fifo = (dir / "pipe").string();
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC); // there before the writer
+    REQUIRE(reader >= 0);
+    write_pytorch_snapshot(pytorch_snapshot{}, fifo);
+    std::string received(expected.size() + 1, '\0');
+    const ::ssize_t got = ::read(reader, received.data(), received.size());
+    ::close(reader);
+    CHECK(received.substr(0, got > 0 ? static_cast<std::size_t>(got) : 0) == expected);
+    struct stat st {};
+    REQUIRE(::lstat(fifo.c_str(), &st) == 0);
+    CHECK(S_ISFIFO(st.st_mode));
+
+    // A name planted where a predictable temporary would go does not stop the writer.
+    const std::string target = (dir / "snap.pickle").string();
+    std::ofstream(target + ".partial-" + std::to_string(::getpid())) << "planted";
+    write_pytorch_snapshot(pytorch_snapshot{}, target);
+    CHECK(custody_test::file_text(target) == expected);
+
+    // Threads writing one path all succeed, and the file is one whole snapshot.
+    std::atomic<int> failures{0};
+    std::vector<std::thread> writers;
+    for (int t = 0; t < 8; ++t) {
+        writers.emplace_back([&] {
+            for (int i = 0; i < 12; ++i) {
+                try {
+                    write_pytorch_snapshot(pytorch_snapshot{}, target);
+                } catch (const custody::error&) {
+                    ++failures;
+                }
+            }
+        });
+    }
+    for (std::thread& w : writers) w.join();
+    CHECK(failures == 0);
+    CHECK(custody_test::file_text(target) == expected);
+    CHECK(custody_test::leftover_temporaries(dir) == 1); // the planted one alone
     std::filesystem::remove_all(dir);
 }

@@ -39,6 +39,8 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from custody_output import output_file  # noqa: E402  (how every custody tool writes a file)
 
 U64 = (1 << 64) - 1
 INT_MAX = (1 << 31) - 1
@@ -166,7 +168,7 @@ class ImportTarget:
         self.output = os.path.join(self.dir, "out.ctrace")
 
     def __call__(self, data):
-        with open(self.input, "wb") as f:
+        with output_file(self.input) as f:
             f.write(data)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.output)
@@ -282,7 +284,7 @@ def one_input(target, artifacts):
         except Exception as e:  # a finding: keep the input, then let the driver stop
             os.makedirs(artifacts, exist_ok=True)
             path = os.path.join(artifacts, "finding-%d" % (hash(bytes(data)) & 0xFFFFFFFF))
-            with open(path, "wb") as f:
+            with output_file(path) as f:
                 f.write(bytes(data))
             sys.stderr.write("python_fuzz: finding (input kept in %s):\n%s" % (path, traceback.format_exc()))
             raise Finding(str(e)) from e
@@ -375,7 +377,9 @@ def main(argv):
     scratch = os.path.join(args.artifacts, "scratch-corpus")
     shutil.rmtree(scratch, ignore_errors=True)
     os.makedirs(scratch)
-    flags = ["-seed=1", "-timeout=30", "-rss_limit_mb=%d" % RSS_LIMIT_MIB, "-max_len=%d" % args.max_len,
+    # A finding exits 1, as with the own mutator (libFuzzer's own 77 is "skipped" to meson).
+    flags = ["-seed=1", "-timeout=30", "-error_exitcode=1", "-timeout_exitcode=1",
+             "-rss_limit_mb=%d" % RSS_LIMIT_MIB, "-max_len=%d" % args.max_len,
              "-artifact_prefix=%s/" % args.artifacts, "-print_final_stats=1"]
     flags += ["-runs=%d" % args.runs] if args.runs is not None else []
     flags += ["-max_total_time=%d" % args.seconds] if args.seconds is not None else []

@@ -13,6 +13,7 @@
 //  - the CSV reader either reads every line or throws csv_error naming a line it has read.
 #include "../../tools/replay/program.hpp"
 
+#include <custody/core/detail/output_file.hpp>
 #include <custody/trace/csv.hpp>
 #include <custody/trace/reader.hpp>
 #include <custody/trace/trace_error.hpp>
@@ -74,6 +75,27 @@ bool read_binary(std::string_view bytes, read_result& out) {
     }
 }
 
+/// A file of this process's own for write_csv to read (it takes a path): in a directory made for
+/// the process (mkdtemp), written by the writer every custody file goes through, removed at exit.
+const std::string& scratch_file() {
+    struct scratch {
+        std::string dir;
+        std::string file;
+        scratch() {
+            std::string pattern = "/tmp/custody-trace-fuzz-XXXXXX";
+            if (::mkdtemp(pattern.data()) == nullptr) broken("cannot make a scratch directory");
+            dir = pattern;
+            file = dir + "/trace";
+        }
+        ~scratch() {
+            ::unlink(file.c_str());
+            ::rmdir(dir.c_str());
+        }
+    };
+    static const scratch s;
+    return s.file;
+}
+
 std::string rewritten(const read_result& t) {
     trace::writer w;
     for (const auto& [k, v] : t.header.metadata) w.metadata(k, v);
@@ -100,14 +122,10 @@ void check_round_trips(const read_result& t) {
     std::vector<std::string> owners = t.header.owners;
     std::sort(owners.begin(), owners.end());
     if (std::adjacent_find(owners.begin(), owners.end()) != owners.end()) return;
-    char path[] = "/tmp/custody-trace-fuzz-XXXXXX";
-    const int fd = mkstemp(path);
-    if (fd < 0) broken("cannot make a temporary file");
-    if (::write(fd, bytes.data(), bytes.size()) != static_cast<ssize_t>(bytes.size())) broken("cannot write it");
-    ::close(fd);
+    const std::string& path = scratch_file();
+    custody::detail::write_file(path, bytes);
     std::string csv;
     trace::write_csv(path, [&csv](std::string_view text) { csv.append(text); });
-    std::remove(path);
     std::istringstream in(csv);
     try {
         trace::csv_reader r(in, "fuzz.csv");

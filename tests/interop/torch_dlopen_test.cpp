@@ -43,6 +43,11 @@ struct plugin {
     decltype(&custody_last_error) last_error = nullptr;
     decltype(&custody_platform) platform = nullptr;
     decltype(&custody_device_count) device_count = nullptr;
+    decltype(&custody_backing) backing = nullptr;
+    decltype(&custody_segments) segments = nullptr;
+    decltype(&custody_set_max_bytes) set_max_bytes = nullptr;
+    decltype(&custody_mempool_vmm_alloc) mempool_vmm_alloc = nullptr;
+    decltype(&custody_mempool_vmm_free) mempool_vmm_free = nullptr;
 
     template <class F>
     void bind(F& f, const char* name) {
@@ -70,12 +75,32 @@ struct plugin {
         bind(last_error, "custody_last_error");
         bind(platform, "custody_platform");
         bind(device_count, "custody_device_count");
+        bind(backing, "custody_backing");
+        bind(segments, "custody_segments");
+        bind(set_max_bytes, "custody_set_max_bytes");
+        bind(mempool_vmm_alloc, "custody_mempool_vmm_alloc");
+        bind(mempool_vmm_free, "custody_mempool_vmm_free");
     }
 
     custody_torch_stats stats_of(int device) const {
         custody_torch_stats s{};
         REQUIRE(stats(device, &s) == 0);
         return s;
+    }
+    custody_torch_segments segments_of(int device) const {
+        custody_torch_segments s{};
+        REQUIRE(segments(device, &s) == 0);
+        return s;
+    }
+    std::string backing_of(int device) const {
+        char text[256];
+        REQUIRE(backing(device, text, sizeof text) > 0);
+        return text;
+    }
+    std::string report_text() const {
+        std::string text(report(nullptr, 0) + 1, '\0');
+        text.resize(report(text.data(), text.size()));
+        return text;
     }
 };
 
@@ -168,8 +193,9 @@ TEST_CASE("the report names every device in use and truncates safely", "[interop
     std::string full(length + 1, '\0');
     CHECK(lib().report(full.data(), full.size()) == length);
     full.resize(length);
-    CHECK_THAT(full, custody_test::contains("custody device 7: live 4096 B in 1 blocks"));
-    CHECK_THAT(full, custody_test::contains("custody device 0:"));
+    CHECK_THAT(full, custody_test::contains("custody device 7 (mapped: ") &&
+                         custody_test::contains("): live 4096 B in 1 blocks"));
+    CHECK_THAT(full, custody_test::contains("custody device 0 ("));
     char small[16];
     CHECK(lib().report(small, sizeof small) == length);
     CHECK(std::strlen(small) == sizeof small - 1);
@@ -401,4 +427,89 @@ TEST_CASE("options are refused by name when unknown, and once a pool exists", "[
     CHECK(lib().configure("max_bytes", 1 << 20) == -1);
     CHECK_THAT(lib().last_error(), custody_test::contains("after the first allocation"));
     lib().free(p, 256, 7, nullptr);
+}
+
+TEST_CASE("the pools grow by mapping granules by default, and the report says so with custody_stats' numbers",
+          "[interop][torch]") {
+    constexpr int device = 7;
+    CHECK(lib().backing_of(device) == "mapped (the default)");
+    void* a = lib().alloc(3 << 20, device, nullptr); // a large block: two 2 MiB granules mapped
+    void* b = lib().alloc(1000, device, nullptr);
+    REQUIRE(a != nullptr);
+    REQUIRE(b != nullptr);
+    const custody_torch_stats s = lib().stats_of(device);
+    const custody_torch_segments g = lib().segments_of(device);
+    CHECK(s.reserved_bytes % (2 << 20) == 0);        // whole granules of the GPU's 2 MiB
+    CHECK(g.segments == s.reserved_bytes / (2 << 20)); // one segment per granule mapped
+    CHECK(g.device_allocations > 0);                   // map calls
+    const std::string report = lib().report_text();
+    const std::string line = report.substr(report.find("custody device 7 "));
+    CHECK_THAT(line, custody_test::contains("reserved " + std::to_string(s.reserved_bytes) + " B (peak " +
+                                            std::to_string(s.peak_reserved_bytes) + " B)"));
+    CHECK_THAT(line, custody_test::contains(std::to_string(g.segments) + " granules of 2097152 B mapped"));
+    CHECK_THAT(line, custody_test::contains("B cached on streams") && custody_test::contains("B free to all") &&
+                         custody_test::contains("largest free block"));
+    lib().free(b, 1000, device, nullptr);
+    lib().free(a, 3 << 20, device, nullptr);
+    static_cast<void>(lib().trim(device));
+    CHECK(lib().stats_of(device).reserved_bytes == 0); // unmapped: back to the device
+    CHECK(lib().segments_of(device).device_frees > 0);  // unmap calls
+}
+
+TEST_CASE("set_max_bytes(d, 0) caps the device at 0 once it has allocated, as before", "[interop][torch]") {
+    constexpr int device = 5;
+    void* a = lib().alloc(4096, device, nullptr);
+    REQUIRE(a != nullptr);
+    lib().free(a, 4096, device, nullptr);
+    static_cast<void>(lib().trim(device));
+    REQUIRE(lib().set_max_bytes(device, 0) == 0);
+    CHECK(lib().alloc(4 << 20, device, nullptr) == nullptr); // nothing more may be taken from the device
+    CHECK_THAT(lib().last_error(), custody_test::contains("out of memory"));
+    REQUIRE(lib().set_max_bytes(device, cap) == 0);
+    void* b = lib().alloc(4 << 20, device, nullptr);
+    CHECK(b != nullptr);
+    lib().free(b, 4 << 20, device, nullptr);
+}
+
+TEST_CASE("a capture routed on one device keeps empty_cache and trim from every device", "[interop][torch][capture]") {
+    constexpr int captured_device = 1;
+    constexpr int other_device = 0;
+    custody::host::stream captured(captured_device);
+    // Cached memory on another device: what empty_cache would trim, waiting and unmapping there.
+    void* cached = lib().alloc(4 << 20, other_device, nullptr);
+    REQUIRE(cached != nullptr);
+    lib().free(cached, 4 << 20, other_device, nullptr);
+    const std::uint64_t reserved = lib().stats_of(other_device).reserved_bytes;
+    REQUIRE(reserved >= (4u << 20));
+    REQUIRE(lib().begin_allocate_to_pool(captured_device, 21, 0, stream_arg(captured)) == 0);
+    CHECK(lib().empty_cache() == 0);
+    CHECK(lib().trim(other_device) == 0);
+    CHECK(lib().trim(-1) == 0);
+    CHECK(lib().stats_of(other_device).reserved_bytes == reserved);
+    REQUIRE(lib().end_allocate_to_pool(captured_device, 21, 0) == 0);
+    REQUIRE(lib().release_pool(captured_device, 21, 0) == 0);
+    CHECK(lib().empty_cache() > 0); // no capture anywhere: the cache goes back
+    CHECK(lib().stats_of(other_device).reserved_bytes < reserved);
+}
+
+TEST_CASE("a MemPool segment given back is unmapped only after the work queued on the stream PyTorch names",
+          "[interop][torch]") {
+    constexpr int device = 6;
+    constexpr ssize_t size = ssize_t{2} << 20;
+    custody::host::stream side(device);
+    auto* segment = static_cast<unsigned char*>(lib().mempool_vmm_alloc(size, device, stream_arg(side)));
+    REQUIRE(segment != nullptr);
+    bool written = false;
+    {
+        custody::test::stream_gate<custody::host::platform> gate(side); // the side stream is still busy
+        side.view().enqueue([segment, &written] {
+            segment[size - 1] = 0x5a; // unmapped memory would fault here
+            written = true;
+        });
+        // PyTorch frees a segment naming the stream it was taken on, and synchronizes nothing itself.
+        std::thread give_back([&] { lib().mempool_vmm_free(segment, size, device, stream_arg(side)); });
+        gate.open();
+        give_back.join();
+    }
+    CHECK(written);
 }

@@ -1,8 +1,12 @@
 // The cases sanitizer_check.sh runs under compute-sanitizer, one per invocation (the first
 // argument), compiled with nvcc at test time. Each exits 0 when its own work went as planned; what
 // the sanitizer reports about it is the script's to judge. Exits 77 without a device.
-//   overflow annotated|plain  a kernel writes one byte past a 1 KiB pool block (into its neighbour
-//                             when the two are adjacent); `plain`: pool_options::annotate = false
+//   overflow annotated|plain  a kernel writes one byte past a 1 KiB pool block, into the first byte
+//                             of its neighbour after the neighbour was given back: memory of the
+//                             pool's chunk that belongs to no live block (a byte of a live neighbour
+//                             would be a valid access, whatever the annotations). Exits 3 when the
+//                             two blocks are not adjacent (the write would prove nothing).
+//                             `plain`: pool_options::annotate = false
 //   clean                     in-bounds kernels only, with the stream-ordered reuse a pool lives on:
 //                             a block given back on its stream while a kernel still writes it, then
 //                             handed out again on that stream and on another (after an event); a
@@ -63,13 +67,21 @@ int overflow(bool annotate) {
     constexpr std::size_t n = 1024;
     auto* a = static_cast<unsigned char*>(pool.allocate(s, n, 256));
     auto* b = static_cast<unsigned char*>(pool.allocate(s, n, 256));
+    const bool adjacent = a + n == b;
     std::printf("overflow: block %p, next block %p (%s); NVTX tool named: %s; annotated: %s\n", static_cast<void*>(a),
-                static_cast<void*>(b), a + n == b ? "adjacent: the byte past the first is the second's first" : "not adjacent",
+                static_cast<void*>(b), adjacent ? "adjacent" : "not adjacent",
                 custody::detail::nvtx_memory::tool_named() ? "yes" : "no", annotate && custody::detail::nvtx_memory::tool_named() ? "yes" : "no");
-    fill<<<1, 256, 0, s.view().get()>>>(a, n + 1); // one byte too many
+    if (!adjacent) {
+        pool.deallocate(s, b, n, 256);
+        pool.deallocate(s, a, n, 256);
+        return 3;
+    }
+    // The neighbour given back: its bytes are the pool's free memory now (cached for reuse on s), in
+    // a chunk cudaMalloc still holds. Only the annotations make a write there an error.
+    pool.deallocate(s, b, n, 256);
+    fill<<<1, 256, 0, s.view().get()>>>(a, n + 1); // one byte too many, into no live block
     EXPECT(cudaGetLastError() == cudaSuccess);
     static_cast<void>(cudaStreamSynchronize(s.view().get())); // a sanitizer error may be reported here
-    pool.deallocate(s, b, n, 256);
     pool.deallocate(s, a, n, 256);
     return 0;
 }

@@ -2,7 +2,8 @@
 # sanitizer_check.sh NVCC SOURCE INCLUDE_DIR: compute-sanitizer over sanitizer_cases.cu, asking it
 # what custody's NVTX annotations make it see in a pool (docs/debug.md, "debugging a pool with
 # CUDA's tools"):
-#   1. a kernel that writes one byte past a pool block is reported by memcheck with --nvtx yes;
+#   1. a kernel that writes one byte past a pool block, into memory of the pool that belongs to no
+#      live block (its neighbour, given back), is reported by memcheck with --nvtx yes;
 #   2. ... and is not reported with the pool's annotations off, nor with --nvtx no (what a pool
 #      hides without them);
 #   3. in-bounds kernels with the stream-ordered reuse a pool lives on, a captured graph's replays
@@ -43,7 +44,9 @@ clean_run() { grep -q "ERROR SUMMARY: 0 errors" "$out/$1.log"; }
 
 run overflow_annotated -- --tool memcheck --nvtx yes -- overflow annotated
 rc=$?
-check "one byte past a pool block is reported with annotations (exit 97)" test "$rc" -eq 97
+check "the case's blocks are adjacent, so the byte past the first is its freed neighbour's" \
+  grep -q "(adjacent)" "$out/overflow_annotated.log"
+check "one byte past a pool block, into no live block, is reported with annotations (exit 97)" test "$rc" -eq 97
 check "... as an invalid 1-byte global write" reported_write overflow_annotated
 
 run overflow_plain -- --tool memcheck --nvtx yes -- overflow plain

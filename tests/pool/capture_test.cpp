@@ -5,7 +5,9 @@
 #include <custody/pool/capture_scope.hpp>
 #include <custody/pool/detail/address_ranges.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
+#include <custody/platform/host_vmm.hpp>
 #include <custody/resource/fault_injecting.hpp>
+#include <custody/resource/virtual_memory.hpp>
 #include <custody/resource/simulated_device_memory.hpp>
 
 #include "../support/pool_capture_cases.hpp"
@@ -28,9 +30,68 @@ using custody::pool::stream_ordered_pool;
 using custody::host::simulated_device_memory;
 using pool_type = stream_ordered_pool<simulated_device_memory>;
 using faulty_pool = stream_ordered_pool<custody::resource::fault_injecting<simulated_device_memory>>;
+/// The pool growing by mapping (docs/pool.md), the setup a GPU user is told to use.
+using mapped_pool = stream_ordered_pool<custody::resource::virtual_memory<custody::host::vmm>>;
 
 namespace {
 constexpr std::size_t device_bytes = std::size_t{1} << 30;
+
+/// A pool that maps 2 MiB granules into a range of `device_bytes`.
+mapped_pool make_mapped(pool_options o = {}) {
+    custody::resource::reservation_options r;
+    r.granule = std::size_t{2} << 20;
+    return mapped_pool(o, 0, device_bytes, r);
+}
+} // namespace
+
+TEST_CASE("capture pool over a pool that maps: private chunks lie apart from the range its growth maps in",
+          "[pool][capture][mapped]") {
+    mapped_pool pool = make_mapped();
+    custody::host::stream s;
+    custody::host::stream t;
+    void* before = pool.allocate(t, 8192, 256); // the pool has grown once
+    capture_scope scope(pool, s);
+    void* p = pool.allocate(s, 4096, 256); // a private chunk
+    platform::memset_async(p, 0x3C, 4096, s);
+    custody::pool::captured_graph g = scope.end();
+    REQUIRE(pool.detailed_statistics().capture_reserved_bytes > 0);
+    // Ordinary allocations of every size after it: none may fail, none may land in private memory.
+    std::vector<std::pair<void*, std::size_t>> ordinary;
+    for (int i = 0; i < 96; ++i) {
+        const std::size_t n = i % 4 == 0 ? (std::size_t{1} << 20) * (1 + static_cast<std::size_t>(i) % 7) + 256
+                                         : 256 * (1 + static_cast<std::size_t>(i) * 37 % 4000);
+        void* q = nullptr;
+        REQUIRE_NOTHROW(q = pool.allocate(t, n, 256));
+        CHECK_FALSE(custody_test::overlap(q, n, p, 4096));
+        platform::memset_async(q, 0x11, n < 4096 ? n : 4096, t);
+        ordinary.emplace_back(q, n);
+    }
+    for (int i = 0; i < 5; ++i) g.launch(s);
+    CHECK(custody_test::holds_cookie<platform>(s, p, 4096, 0x3C));
+    for (const auto& [q, n] : ordinary) pool.deallocate(t, q, n, 256);
+    pool.deallocate(t, before, 8192, 256);
+    pool.deallocate(s, p, 4096, 256);
+    g.reset();
+    platform::synchronize(t);
+    pool.trim();
+    CHECK(pool.detailed_statistics().capture_reserved_bytes == 0);
+    CHECK(pool.statistics().reserved_bytes == 0);
+    custody_test::check_identity(pool.detailed_statistics());
+}
+
+TEST_CASE("capture pool over a pool that maps: the shared cases", "[pool][capture][mapped]") {
+    {
+        mapped_pool pool = make_mapped();
+        custody_test::case_capture_replay_cookies(pool);
+    }
+    {
+        mapped_pool pool = make_mapped();
+        custody_test::case_shared_pool(pool);
+    }
+    {
+        mapped_pool pool = make_mapped();
+        custody_test::case_ordinary_during_capture(pool);
+    }
 }
 
 TEST_CASE("capture pool: replays keep private blocks intact and apart from ordinary ones", "[pool][capture]") {
@@ -77,6 +138,37 @@ TEST_CASE("capture pool: without a capture the pool asks nothing and an untold c
     CHECK(pool.detailed_statistics().capture_live_block_bytes == 0);
     static_cast<void>(platform::end_capture(s));
     pool.deallocate(s, p, 4096, 256);
+}
+
+TEST_CASE("capture pool: a capture the pool was not told of never breaks another stream's allocation",
+          "[pool][capture]") {
+    // A stream captured behind the pool's back gives blocks back inside its capture: no event of the
+    // pool may be recorded in that capture (another stream's query of it would fail), and another
+    // stream that needs those blocks must get memory, not an exception.
+    pool_options o;
+    o.checked = false;
+    o.record_interval = 4;
+    o.growth_step = 64 * 1024;
+    o.maximum_size = 64 * 1024; // one chunk: t must look at s's cache
+    for (const auto policy : {custody::pool::reuse_policy::same_stream, custody::pool::reuse_policy::opportunistic,
+                              custody::pool::reuse_policy::follow_dependencies}) {
+        INFO("policy " << static_cast<int>(policy));
+        o.reuse = policy;
+        pool_type pool(o, 0, device_bytes);
+        custody::host::stream s;
+        custody::host::stream t;
+        std::vector<void*> blocks;
+        for (int i = 0; i < 16; ++i) blocks.push_back(pool.allocate(s, 4096, 256));
+        platform::begin_capture(s, capture_mode::relaxed);
+        for (void* p : blocks) pool.deallocate(s, p, 4096, 256);
+        { const auto graph = platform::end_capture(s); } // dropped: never replayed
+        std::vector<void*> taken;
+        for (int i = 0; i < 8; ++i) REQUIRE_NOTHROW(taken.push_back(pool.allocate(t, 4096, 256)));
+        for (void* p : taken) pool.deallocate(t, p, 4096, 256);
+        REQUIRE_NOTHROW(pool.trim());
+        CHECK(pool.statistics().live_allocations == 0);
+        custody_test::check_identity(pool.detailed_statistics());
+    }
 }
 
 namespace {

@@ -3,11 +3,13 @@
 // (skipped) without a CUDA device.
 #define CATCH_CONFIG_RUNNER
 #include <custody/platform/cuda.hpp>
+#include <custody/platform/cuda_vmm.hpp>
 #include <custody/pool/capture_scope.hpp>
 #include <custody/pool/stream_ordered_pool.hpp>
 
 #include <custody/resource/cuda_async.hpp>
 #include <custody/resource/cuda_malloc.hpp>
+#include <custody/resource/virtual_memory.hpp>
 
 #include "../support/catch.hpp"
 #include "../support/cuda_presence.hpp"
@@ -316,6 +318,94 @@ TEST_CASE("cuda: a capture on a blocking stream grows its private pool over cuda
     pool.release_pool(id);
     cudaStreamDestroy(blocking);
     CHECK(log.lines().empty());
+}
+
+TEST_CASE("cuda: a chunk taken over cudaMallocAsync is ready before a non-blocking stream uses it",
+          "[pool][cuda][growth]") {
+    // The driver pool reuses memory freed on the legacy stream, behind work still queued there. A
+    // chunk taken on the legacy stream and handed to a non-blocking stream unordered would be written
+    // by that stream before the legacy stream's work (which writes 0x11 into it) ran.
+    using async_pool = stream_ordered_pool<custody::resource::cuda_async>;
+    constexpr std::size_t n = std::size_t{64} << 20;
+    async_pool pool(pool_options{}, 0);
+    cudaStream_t quiet = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&quiet, cudaStreamNonBlocking) == cudaSuccess);
+    for (int round = 0; round < 8; ++round) {
+        // Work on the legacy stream: a long memset elsewhere, then one into memory of the driver pool,
+        // given back to it on the legacy stream behind that work.
+        void* busy = nullptr;
+        void* old = nullptr;
+        REQUIRE(cudaMallocAsync(&busy, std::size_t{1} << 30, nullptr) == cudaSuccess);
+        REQUIRE(cudaMallocAsync(&old, 2 * n, nullptr) == cudaSuccess);
+        REQUIRE(cudaMemsetAsync(busy, 0, std::size_t{1} << 30, nullptr) == cudaSuccess);
+        REQUIRE(cudaMemsetAsync(old, 0x11, 2 * n, nullptr) == cudaSuccess);
+        REQUIRE(cudaFreeAsync(old, nullptr) == cudaSuccess);
+        REQUIRE(cudaFreeAsync(busy, nullptr) == cudaSuccess);
+        // The pool grows (its chunk may be `old`'s memory) and hands a block to the quiet stream.
+        void* p = pool.allocate(platform::stream_view(quiet), n, 256);
+        REQUIRE(cudaMemsetAsync(p, 0x5a, 4096, quiet) == cudaSuccess);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        unsigned char first = 0;
+        REQUIRE(cudaMemcpy(&first, p, 1, cudaMemcpyDeviceToHost) == cudaSuccess);
+        CHECK(first == 0x5a);
+        pool.deallocate(platform::stream_view(quiet), p, n, 256);
+        REQUIRE(cudaStreamSynchronize(quiet) == cudaSuccess);
+        pool.trim(); // the next round grows again
+    }
+    cudaStreamDestroy(quiet);
+}
+
+TEST_CASE("cuda: a capture the pool was not told of never breaks another stream's allocation", "[pool][cuda][graph]") {
+    pool_options o;
+    o.checked = false;
+    o.record_interval = 4;
+    o.growth_step = 64 * 1024;
+    o.maximum_size = 64 * 1024;
+    pool_type pool(o, 0);
+    custody::cuda::stream s(0);
+    custody::cuda::stream t(0);
+    std::vector<void*> blocks;
+    for (int i = 0; i < 16; ++i) blocks.push_back(pool.allocate(s, 4096, 256));
+    REQUIRE(cudaStreamBeginCapture(s.view().get(), cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    for (void* p : blocks) pool.deallocate(s, p, 4096, 256); // no event of the pool recorded in here
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(s.view().get(), &graph) == cudaSuccess);
+    cudaGraphDestroy(graph);
+    std::vector<void*> taken;
+    for (int i = 0; i < 8; ++i) REQUIRE_NOTHROW(taken.push_back(pool.allocate(t, 4096, 256)));
+    for (void* p : taken) pool.deallocate(t, p, 4096, 256);
+    REQUIRE_NOTHROW(pool.trim());
+}
+
+namespace {
+using vmm_memory = custody::resource::virtual_memory<custody::cuda::vmm>;
+using vmm_pool = stream_ordered_pool<vmm_memory>;
+} // namespace
+
+TEST_CASE("cuda: the pool that maps serves captures from chunks apart from its range, and grows after them",
+          "[pool][cuda][graph][mapped]") {
+    if (!custody::cuda::vmm::supported(0)) return;
+    {
+        vmm_pool pool(pool_options{}, 0, std::size_t{16} << 30);
+        custody_test::case_capture_replay_cookies(pool);
+    }
+    {
+        vmm_pool pool(pool_options{}, 0, std::size_t{16} << 30);
+        custody_test::case_ordinary_during_capture(pool);
+    }
+}
+
+TEST_CASE("cuda: an exportable reservation maps in the granule of exportable memory", "[pool][cuda][mapped]") {
+    if (!custody::cuda::vmm::exportable(0)) return;
+    custody::resource::reservation_options r;
+    r.exportable = true;
+    vmm_pool pool(pool_options{}, 0, std::size_t{4} << 30, r);
+    CHECK(pool.upstream().granularity() % custody::cuda::vmm::granularity(0, true) == 0);
+    custody::cuda::stream s(0);
+    void* p = pool.allocate(s, std::size_t{3} << 20, 256);
+    REQUIRE(cudaMemsetAsync(p, 0x42, std::size_t{3} << 20, s.view().get()) == cudaSuccess);
+    platform::synchronize(s);
+    pool.deallocate(s, p, std::size_t{3} << 20, 256);
 }
 
 int main(int argc, char** argv) {

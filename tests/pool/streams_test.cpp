@@ -330,6 +330,10 @@ TEST_CASE("a destroyed stream's shard serves a new stream once its work is done,
           "[pool][streams][retire]") {
     pool_options o;
     o.max_streams = 2;
+    // Without working sets: a destroyed stream's cache would otherwise stay its working set (up to
+    // working_set_total, see "working sets are bounded") until its shard is retired, and the memory
+    // reused below is what a retired shard gives back.
+    o.stream_working_set = 0;
     stream_ordered_pool<host_memory> pool(o);
     custody::host::stream keep; // one shard stays busy with a live block throughout
     void* held = pool.allocate(keep, 3 * MiB, 256);
@@ -479,13 +483,12 @@ TEST_CASE("a producer stream allocating and a consumer stream freeing keep the r
 
 TEST_CASE("streams that take turns in one thread keep the blocks they reuse", "[pool][streams][turns]") {
     // A thread with several streams (compute, copy, communication) that allocates and gives back on
-    // each in turn: each stream's blocks stay with it, rather than going to the next stream and being
-    // taken back (a slow path and a stream wait at every call). Only while they are a small share of
-    // the reserve: a block of an eighth of it or more goes to the next stream rather than the pool
-    // growing, so that reserved memory stays near the live peak (see mapped_test.cpp).
-    for (const std::size_t n : {std::size_t{256}, 64 * KiB}) {
+    // each in turn: each stream's blocks stay with it as its working set (pool_options::
+    // stream_working_set), rather than going to the next stream and being taken back (a slow path
+    // and a stream wait at every call), at every size up to the working set.
+    for (const std::size_t n : {std::size_t{256}, 64 * KiB, 1 * MiB, 16 * MiB}) {
         INFO("bytes " << n);
-        for (const auto policy : {reuse_policy::opportunistic, reuse_policy::follow_dependencies}) {
+        for (const auto policy : {reuse_policy::same_stream, reuse_policy::opportunistic, reuse_policy::follow_dependencies}) {
             INFO("policy " << static_cast<int>(policy));
             pool_options o;
             o.reuse = policy;
@@ -498,14 +501,49 @@ TEST_CASE("streams that take turns in one thread keep the blocks they reuse", "[
             };
             rounds(4);
             const custody::pool::pool_statistics before = pool.detailed_statistics();
-            rounds(1000);
+            rounds(500);
             const custody::pool::pool_statistics after = pool.detailed_statistics();
             CHECK(after.opportunistic_reuses == before.opportunistic_reuses);
             CHECK(after.dependency_waits == before.dependency_waits);
+            CHECK(after.host_waits == before.host_waits);
             CHECK(after.reclaims == 0);
             CHECK(after.totals.reserved_bytes == before.totals.reserved_bytes);
-            CHECK(after.fast_allocations - before.fast_allocations == 4000);
+            if (n <= detail::small_threshold) CHECK(after.fast_allocations - before.fast_allocations == 2000);
             check_accounting(pool);
         }
+    }
+}
+
+TEST_CASE("working sets are bounded per stream and per device", "[pool][streams][turns]") {
+    pool_options o;
+    o.checked = false;
+    o.reuse = reuse_policy::opportunistic;
+    o.stream_working_set = 8 * MiB;
+    o.working_set_total = 16 * MiB;
+    SECTION("per device: beyond working_set_total, streams' idle blocks serve others") {
+        stream_ordered_pool<host_memory> pool(o);
+        std::vector<custody::host::stream> streams(7);
+        for (auto& s : streams) {
+            pool.deallocate(s, pool.allocate(s, 6 * MiB, 256), 6 * MiB, 256);
+            platform::synchronize(s);
+        }
+        // Two streams keep theirs (12 MiB of the 16); the others hand one block around.
+        const auto st = pool.detailed_statistics();
+        INFO("reserved " << st.totals.reserved_bytes);
+        CHECK(st.totals.reserved_bytes <= 18 * MiB + 2 * MiB);
+        CHECK(st.opportunistic_reuses > 0);
+        check_accounting(pool);
+    }
+    SECTION("per stream: a cache above stream_working_set serves others") {
+        stream_ordered_pool<host_memory> pool(o);
+        std::vector<custody::host::stream> streams(4);
+        for (int round = 0; round < 3; ++round) {
+            for (auto& s : streams) {
+                pool.deallocate(s, pool.allocate(s, 12 * MiB, 256), 12 * MiB, 256);
+                platform::synchronize(s);
+            }
+        }
+        CHECK(pool.statistics().reserved_bytes <= 12 * MiB + 2 * MiB);
+        check_accounting(pool);
     }
 }

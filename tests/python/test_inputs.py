@@ -78,7 +78,11 @@ def test_numbers_the_library_takes_are_checked_not_wrapped(host_lib):
                            (lambda: host_lib.alloc(64, 0, "stream"), "stream"),
                            (lambda: host_lib.claim_device("GPU-x", 1 << 40, 0), "rank"),
                            (lambda: host_lib.release_pool(0, (1 << 64, 0)), "pool"),
-                           (lambda: host_lib.trim(1 << 40), "device")):
+                           (lambda: host_lib.trim(1 << 40), "device"),
+                           (lambda: host_lib.record_history(2.7), "max_entries"),
+                           (lambda: custody.record_history(2.7, lib=host_lib), "max_entries"),
+                           (lambda: custody.record_history("100", lib=host_lib), "max_entries"),
+                           (lambda: custody.record_history(-1, lib=host_lib), "max_entries")):
         with pytest.raises(custody.CustodyError, match=fragment):
             call()
 

@@ -82,6 +82,30 @@ def test_the_rules_are_typed_errors_that_change_nothing(host_lib):
     assert not sleepable.is_asleep("py-rules", lib=host_lib)
 
 
+def test_more_than_the_host_has_is_out_of_memory_and_changes_nothing(host_lib):
+    with open("/proc/sys/vm/overcommit_memory") as f:
+        if f.read().strip() == "1":
+            pytest.skip("the kernel commits whatever is asked (overcommit_memory 1)")
+    before = sleepable.stats(lib=host_lib)
+    with pytest.raises(custody.OutOfMemoryError):
+        _allocate(host_lib, "py-huge", 1 << 44)
+    assert sleepable.stats(lib=host_lib) == before
+
+
+def test_an_owner_named_untagged_is_the_untagged_owner(host_lib):
+    named = _allocate(host_lib, "<untagged>", PAGE)
+    plain = sleepable.alloc(PAGE, lib=host_lib)
+    for block in (named, plain):
+        ctypes.memset(block, 7, PAGE)
+    assert sleepable.owner_stats("<untagged>", lib=host_lib)["blocks"] == 2
+    sleepable.sleep("<untagged>", lib=host_lib)
+    assert _resident(named, PAGE) == 0 and _resident(plain, PAGE) == 0
+    sleepable.wake("<untagged>", lib=host_lib)
+    assert ctypes.string_at(named, PAGE) == bytes(PAGE) and ctypes.string_at(plain, PAGE) == bytes(PAGE)
+    for block in (named, plain):
+        sleepable.free(block, PAGE, lib=host_lib)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
 def test_custody_torch_sleep_and_wake_keep_a_tensor_over_sleepable_memory(host_lib):
     import torch

@@ -311,6 +311,55 @@ def test_a_torch_mempool_over_custody_serves_its_scope(backing):
     run_python(MEMPOOL, args=[backing])
 
 
+@pytest.mark.parametrize("backing", ["mapped", "chunked"])
+def test_the_backing_decides_whether_cuda_ipc_takes_custodys_memory(backing):
+    # What the chunked backing is for: cudaIpcGetMemHandle (through the driver, as vLLM's custom
+    # all-reduce asks it: the allocation's base from cuPointerGetAttribute) takes memory of a
+    # cudaMalloc chunk and refuses memory mapped with cuMemMap.
+    done = run_python("""
+import ctypes, sys, torch, custody, custody.torch
+custody.torch.enable(backing=sys.argv[1])
+x = torch.ones(3 << 20, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+assert torch.cuda.memory_stats()["custody.backing"] == sys.argv[1], torch.cuda.memory_stats()
+assert custody.library().backing(0)[0] == sys.argv[1]
+print(custody.library().report())
+driver = ctypes.CDLL("libcuda.so.1")
+base = ctypes.c_uint64()
+CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11
+assert driver.cuPointerGetAttribute(ctypes.byref(base), CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                    ctypes.c_uint64(x.data_ptr())) == 0
+handle = (ctypes.c_char * 64)()
+print("ipc", driver.cuIpcGetMemHandle(handle, base))
+""", args=[backing])
+    status = int(done.stdout.split("ipc")[-1])
+    assert "custody device 0 (%s: " % backing in done.stdout, done.stdout
+    if backing == "chunked":
+        assert status == 0, done.stdout
+        assert " chunks, " in done.stdout
+    else:
+        assert status != 0, done.stdout
+        assert "granules of" in done.stdout
+
+
+def test_tensors_copy_between_gpus_that_are_peers_over_mapped_memory():
+    # PyTorch copies between peers directly once it has enabled peer access, which does not reach
+    # mapped memory: the library grants each peer access to what it maps.
+    if torch_device_count() < 2:
+        pytest.skip("needs two GPUs")
+    run_python(PRELUDE + """
+if not torch.cuda.can_device_access_peer(1, 0):
+    raise SystemExit(0)
+a = torch.arange(1 << 22, dtype=torch.float32, device="cuda:0")
+b = a.to("cuda:1")
+c = torch.empty_like(b, device="cuda:0")
+c.copy_(b)
+torch.cuda.synchronize(0)
+torch.cuda.synchronize(1)
+assert torch.equal(a, c) and custody.library().backing(1)[0] == "mapped"
+""")
+
+
 def test_mem_pool_is_refused_under_the_whole_process_switch():
     done = run_python(PRELUDE + """
 try:

@@ -9,6 +9,7 @@ import pytest
 from conftest import run_python
 
 from custody import _torch_hooks
+from custody._library import CustodyError
 
 
 class FakeGraph:
@@ -217,3 +218,69 @@ def test_without_a_gpu_the_torch_entry_points_say_so_and_where_the_cuda_build_is
         assert kind == "custody", line
         assert "needs a CUDA device, and PyTorch sees none" in message, line
         assert "CUDA build of custody's library" in message, line
+
+
+def test_a_capture_that_fails_at_its_end_raises_its_own_error_not_the_routes():
+    calls = []
+    torch, stream = fake_torch(calls)
+
+    class FailingEnd(torch.cuda.CUDAGraph):
+        fail = True
+
+        def capture_end_pre(self):
+            super().capture_end_pre()
+            if self.fail:
+                raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    class RefusingLibrary(RecordingLibrary):
+        def end_allocate_to_pool(self, device, pool_id):
+            super().end_allocate_to_pool(device, pool_id)
+            raise CustodyError("custody: the route could not be closed")
+
+    torch.cuda.CUDAGraph = FailingEnd
+    _torch_hooks.install_capture(torch, RefusingLibrary(calls, stream))
+    g = torch.cuda.CUDAGraph()
+    g.capture_begin()
+    with pytest.raises(RuntimeError, match="operation not permitted when stream is capturing") as caught:
+        g.capture_end()
+    assert not isinstance(caught.value, CustodyError)
+    assert ("route_end", 2, (0, 100)) in calls  # the route is closed all the same
+    # A capture that ends well still reports a refusal to close its route.
+    FailingEnd.fail = False
+    ok = torch.cuda.CUDAGraph()
+    ok.capture_begin()
+    with pytest.raises(CustodyError, match="could not be closed"):
+        ok.capture_end()
+
+
+def test_a_sleepable_pool_allocates_through_the_function_that_answers_null_when_memory_runs_out(host_lib,
+                                                                                                 monkeypatch):
+    import sys
+
+    from custody import torch_sleep
+
+    names = []
+
+    def recording_allocator(torch, path, alloc_name, free_name):
+        names.append((alloc_name, free_name))
+        return types.SimpleNamespace(allocator=lambda: "raw allocator")
+
+    monkeypatch.setattr(torch_sleep, "_pluggable_allocator", recording_allocator)
+    monkeypatch.setattr(torch_sleep, "_pools", {})
+    cuda = types.SimpleNamespace(MemPool=lambda raw: ("MemPool", raw), current_device=lambda: 0, is_available=lambda: True)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    assert torch_sleep.sleepable_pool("null-when-full", 0) == ("MemPool", "raw allocator")
+    (alloc_name, free_name), = names
+    assert free_name == "custody_sleep_free"
+    # PyTorch's caching allocator calls a MemPool's allocation function and takes NULL for out of
+    # memory (then frees its cache, retries and raises torch.OutOfMemoryError); an exception thrown
+    # through it would end the process here (ctypes) and skip the retry there.
+    done = run_python("""
+        import ctypes, sys, custody
+        lib = ctypes.CDLL(custody.library_path())
+        alloc = getattr(lib, sys.argv[1])
+        alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        print(alloc(1 << 60, 0, None))
+    """, args=[alloc_name], check=False)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.splitlines()[0] == "None", done.stdout

@@ -20,17 +20,9 @@
 #include <vector>
 
 using namespace custody_test::sleep_cases;
-using custody::test::platform_fault;
-using custody::test::platform_faults;
-using custody::test::vmm_fault;
-using custody::test::vmm_faults;
-using custody::test::vmm_op;
+using namespace custody_test::faulty_sleep;
 
 namespace {
-
-using custody_test::faulty_sleep::all_faults_reset;
-using custody_test::faulty_sleep::memory_type;
-using custody_test::faulty_sleep::P;
 
 struct pages {
     static bool mapped(const void* p) { return custody_test::host_pages::mapped(p); }
@@ -278,6 +270,32 @@ TEST_CASE("sleepable_memory: an unmap that fails while a failed wake is undone l
     sc.wake();
     sc.check_contents(true);
     CHECK(sc.memory.detailed_statistics().stuck_bytes == 0);
+}
+
+TEST_CASE("sleepable_memory: a block a failed wake could not undo is never copied into as it is", "[sleep][faults]") {
+    all_faults_reset reset;
+    scene sc;
+    sc.sleep();
+    custody::test::failure_log log;
+    // The first block's access fails, and so does the unmap undoing its map: it stays mapped, its
+    // access unknown (inaccessible on the host: a copy into it would fault).
+    vmm_faults::arm(vmm_op::set_access, 1);
+    vmm_faults::arm(vmm_op::unmap, 1);
+    CHECK_THROWS_AS(sc.wake(), std::system_error);
+    all_faults_reset::reset();
+    CHECK(sc.memory.is_asleep("weights"));
+    CHECK(sc.memory.detailed_statistics().stuck_bytes == sc.spans_in_order(false)[0]);
+    // While it still will not unmap, the wake refuses it and changes nothing.
+    vmm_faults::arm(vmm_op::unmap, 1);
+    CHECK_THROWS_AS(sc.wake(), custody::error);
+    all_faults_reset::reset();
+    CHECK(sc.memory.is_asleep("weights"));
+    CHECK(sc.memory.detailed_statistics().stuck_bytes == sc.spans_in_order(false)[0]);
+    // Once it unmaps, it is mapped anew and gets its contents.
+    sc.wake();
+    sc.check_contents(true);
+    CHECK(sc.memory.detailed_statistics().stuck_bytes == 0);
+    CHECK(log.lines().size() == 2);
 }
 
 TEST_CASE("sleepable_memory: a free whose stream cannot be waited for keeps the block mapped, withheld", "[sleep][faults]") {

@@ -1,6 +1,7 @@
 // sleepable_memory with faults a test can arm at every step: the host platform's virtual memory
 // (basic_faulty_vmm: reserve, create, map, set_access, unmap, release), the faulty host platform
-// (copies, fills, waits) and a backing whose allocations can fail (fault_injecting).
+// (copies, fills, waits) and a backing whose allocations can fail (fault_injecting). A test file
+// takes all of it with `using namespace custody_test::faulty_sleep;`.
 #pragma once
 
 #include <custody/platform/host_vmm.hpp>
@@ -11,6 +12,12 @@
 #include "../support/faulty_vmm.hpp"
 
 namespace custody_test::faulty_sleep {
+
+using custody::test::platform_fault;
+using custody::test::platform_faults;
+using custody::test::vmm_fault;
+using custody::test::vmm_faults;
+using custody::test::vmm_op;
 
 using P = custody::test::faulty_platform;
 using vmm = custody::test::basic_faulty_vmm<custody::host::vmm, P>;

@@ -24,16 +24,9 @@
 #include <vector>
 
 using namespace custody_test::sleep_cases;
-using custody::test::platform_fault;
-using custody::test::platform_faults;
-using custody::test::vmm_fault;
-using custody::test::vmm_faults;
-using custody::test::vmm_op;
+using namespace custody_test::faulty_sleep;
 
 namespace {
-
-using custody_test::faulty_sleep::memory_type;
-using custody_test::faulty_sleep::P;
 
 using content = custody_test::sleep_cases::bytes;
 

@@ -196,7 +196,14 @@ void case_rules() {
     void* w = memory->allocate(s, g, 256, weights);
     void* w2 = memory->allocate(s, 2 * g, 256, weights);
     void* untagged = memory->allocate(s, g, 256, nullptr);
+    void* named_untagged = nullptr; // a scope named "<untagged>" is the untagged owner, not a second one
+    {
+        custody::debug::owner_scope scope(custody::debug::untagged_owner);
+        named_untagged = memory->allocate(s, g, 256);
+    }
+    CHECK(memory->owner_statistics(custody::debug::untagged_owner).blocks == 2);
     put<P>(w, cookie(3, g));
+    put<P>(named_untagged, cookie(4, g));
     memory->sleep({"weights"}, offload);
     const auto before = memory->statistics();
     const auto detail = memory->detailed_statistics();
@@ -225,6 +232,7 @@ void case_rules() {
     // Memory allocated without an owner sleeps by the name "<untagged>".
     memory->sleep({std::string_view(custody::debug::untagged_owner)}, discard);
     CHECK(all_unmapped<Kit>(untagged, g, g));
+    CHECK(all_unmapped<Kit>(named_untagged, g, g));
     // An owner with no blocks can sleep; allocating for it is then refused.
     memory->sleep({"idle"}, discard);
     CHECK(refusal([&] { static_cast<void>(memory->allocate(s, g, 256, custody::debug::intern_owner("idle"))); }) ==
@@ -232,9 +240,11 @@ void case_rules() {
     memory->wake({"weights", "idle", std::string_view(custody::debug::untagged_owner)});
     CHECK(get<P>(w, g) == cookie(3, g));
     CHECK(get<P>(untagged, g) == bytes(g, 0));
+    CHECK(get<P>(named_untagged, g) == bytes(g, 0));
     CHECK(memory->detailed_statistics().sleeping_owners == 0);
     memory->deallocate(s, w, g, 256);
     memory->deallocate(s, untagged, g, 256);
+    memory->deallocate(s, named_untagged, g, 256);
 }
 
 /// Capture: sleeping while a block's stream captures is refused (the capture is not disturbed); a

@@ -184,6 +184,14 @@ TEST_CASE("sleepable_memory: the contract's edge cases", "[sleep]") {
     CHECK_THROWS_AS(memory.record(static_cast<char*>(p) + 1, custody::host::stream_view{}), std::invalid_argument);
     CHECK_THROWS_AS(memory.allocate_sync(SIZE_MAX - 10, 256), custody::out_of_memory);
     CHECK(memory.statistics().live_allocations == 1);
+    // More than the host has: the address space is there, the kernel's commit is not (unless it
+    // commits whatever is asked: overcommit_memory 1). Exhaustion all the same, nothing changed.
+    if (custody_test::host_pages::overcommit_mode() != 1) {
+        const auto before = memory.statistics();
+        CHECK_THROWS_AS(memory.allocate_sync(std::size_t{1} << 44, 256), custody::out_of_memory);
+        CHECK(memory.statistics() == before);
+        CHECK(memory.detailed_statistics().mapped_bytes == page);
+    }
     memory.deallocate_sync(p, 1, page);
     CHECK(memory.statistics() == custody::resource_statistics{0, 1, 0, page, 0, 1, 1});
 }

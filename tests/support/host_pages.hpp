@@ -1,5 +1,6 @@
 // What the kernel says of a range of pages of this process: mapped and accessible (/proc/self/maps),
-// resident (mincore), and the process's resident memory (/proc/self/statm). Host platform only:
+// resident (mincore), the process's resident memory (/proc/self/statm) and whether the kernel
+// refuses commits (overcommit_memory). Host platform only:
 // the virtual-memory, pool and sleep tests check what the kernel holds, not a counter.
 #pragma once
 
@@ -64,6 +65,15 @@ inline std::size_t process_resident() {
     std::size_t resident = 0;
     statm >> size >> resident;
     return resident * page();
+}
+
+/// The kernel's overcommit mode (/proc/sys/vm/overcommit_memory): 0 heuristic, 1 always (a commit
+/// is never refused), 2 strict; -1 when it cannot be read.
+inline int overcommit_mode() {
+    std::ifstream in("/proc/sys/vm/overcommit_memory");
+    int mode = -1;
+    in >> mode;
+    return in ? mode : -1;
 }
 
 } // namespace custody_test::host_pages

@@ -73,7 +73,7 @@ class ReplayOutputs(Case):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(p.stderr, "")  # no progress bar when standard error is not a terminal
         for text in ("pool", "address_space", "malloc", "pmr_sync", "peak live 3.00 MiB at op 1 (event 2)",
-                     "3 streams", "fragmentation", "time/op", "vs pool"):
+                     "3 streams", "fragmentation", "time/op", "vs pool", "mean reserved", "mean reserved / live"):
             self.assertIn(text, p.stdout)
         leaf = [line for line in p.stdout.splitlines() if line.startswith("address_space")][0]
         self.assertIn("1.000", leaf)                # reserved == live
@@ -97,6 +97,9 @@ class ReplayOutputs(Case):
         leaf = d["allocators"][1]
         self.assertEqual(leaf["peak_reserved_bytes"], 3 * MiB)
         self.assertEqual(leaf["fragmentation"], 1.0)
+        # Live after each op: 1, 3, 2, 2.5, 0.5, 0 MiB; what the leaf held, averaged the same way.
+        self.assertEqual(leaf["mean_live_bytes"], 1.5 * MiB)
+        self.assertGreaterEqual(leaf["mean_reserved_bytes"], leaf["mean_live_bytes"])
         self.assertEqual(len(leaf["seconds"]), 3)
         self.assertEqual(len(leaf["timeline"]["op"]), 6)
         self.assertIsNone(d["reference"])

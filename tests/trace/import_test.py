@@ -263,9 +263,78 @@ class PyTorchSnapshots(Case):
                      "event 6", "with 1048576 bytes; event 3 allocated it with 4194304 bytes")
         refused_with(lambda d: d["device_traces"][0].append(event("alloc", 0x9000000, 0)), "event 6", "0 bytes")
         refused_with(lambda d: d["segments"].pop(), "the segments hold 8388608 bytes", "do not fit together")
-        refused_with(lambda d: d.pop("device_traces"), "has no 'device_traces'")
+        refused_with(lambda d: d.pop("segments"), "has no 'segments'")
         refused_with(lambda d: d["segments"][1]["blocks"][1].pop("state"), "segments[1]['blocks'][1] has no 'state'")
-        self.refused(["pytorch", self.snapshot([1, 2, 3], "list.pickle")], "is a list, not a dict")
+        self.refused(["pytorch", self.snapshot([1, 2, 3], "list.pickle")], "a list of segments", "[0] is a int")
+        self.refused(["pytorch", self.snapshot("text", "str.pickle")], "is a str, neither a dict nor a list")
+
+
+def legacy_block(size, state="active_allocated", history=()):
+    """A block as PyTorch wrote them before 2.1: size, state and the allocations it held (latest
+    first), no address."""
+    b = {"size": size, "state": state}
+    if history:
+        b["history"] = [{"addr": a, "real_size": n, "frames": [{"filename": "m.py", "line": 3, "name": "f"}]}
+                        for a, n in history]
+    return b
+
+
+class OlderSnapshots(Case):
+    """Snapshots of PyTorch before 2.1 (blocks without addresses, with their history; events
+    without times) and lists of segments (torch.cuda.memory_snapshot())."""
+
+    def segments_2_0(self):
+        return [{"device": 0, "address": 0x1000000, "total_size": 20 * MiB, "allocated_size": 5 * MiB,
+                 "active_size": 6 * MiB, "stream": 0, "segment_type": "large",
+                 "blocks": [legacy_block(4 * MiB, "inactive", [(0x1000000, 3 * MiB)]),
+                            legacy_block(4 * MiB, "active_allocated", [(0x1400000, 3 * MiB), (0x1400000, MiB)]),
+                            legacy_block(2 * MiB, "active_pending_free", [(0x1800000, 2 * MiB)]),
+                            legacy_block(10 * MiB, "inactive")]}]
+
+    def test_blocks_without_addresses_lie_where_the_blocks_before_them_end(self):
+        trace = [event("alloc", 0x1400000, 3 * MiB), event("free_requested", 0x1400000, 3 * MiB),
+                 event("free_completed", 0x1400000, 3 * MiB), event("alloc", 0x1400000, 4 * MiB)]
+        data = {"device_traces": [trace], "segments": self.segments_2_0()}
+        p = self.imported("pytorch", self.snapshot(data))
+        self.assertIn("4 entries of the blocks' history", p.stderr)
+        self.assertIn("not replayed", p.stderr)
+        rows, _ = self.events()
+        pre = [(r["address"], r["bytes"]) for r in rows if r["flags"] == "pre_trace" and r["action"] == "allocate"]
+        # The pending block, third in its segment, was live before the trace: 4 + 4 MiB into the segment,
+        # with the bytes its latest history entry asked for. The block at 0x1400000 the trace allocated.
+        self.assertEqual(pre, [(0x1800000, 2 * MiB)])
+        body = [(r["action"], r["address"], r["bytes"]) for r in rows if r["flags"] != "pre_trace"]
+        self.assertEqual(body, [("allocate", 0x1400000, 3 * MiB), ("deallocate", 0x1400000, 3 * MiB),
+                                ("allocate", 0x1400000, 4 * MiB)])
+        self.assertIn("peak live 6.00 MiB", self.replay("pool"))
+        self.refused(["pytorch", "--strict", self.snapshot(data, "strict.pickle")], "history", "--strict")
+
+    def test_a_list_of_segments_is_the_memory_live_when_it_was_taken(self):
+        p = self.imported("pytorch", self.snapshot(self.segments_2_0()))
+        self.assertIn("a list of segments", p.stderr)
+        self.assertIn("no events to replay", p.stderr)
+        rows, meta = self.events()
+        self.assertEqual(meta["devices"], "1")
+        self.assertEqual([(r["action"], r["address"], r["bytes"], r["flags"]) for r in rows],
+                         [("reference_reserve", 0, 20 * MiB, "pre_trace"),
+                          ("allocate", 0x1400000, 3 * MiB, "pre_trace"), ("allocate", 0x1800000, 2 * MiB, "pre_trace")])
+        self.assertIn("peak live 5.00 MiB", self.replay("pool"))
+        # The same segments in a dict, without device_traces: the same trace.
+        self.imported("pytorch", self.snapshot({"segments": self.segments_2_0()}, "dict.pickle"))
+        self.assertEqual(self.events()[0], rows)
+
+    def test_what_cannot_be_worked_out_is_refused_by_name(self):
+        segments = self.segments_2_0()
+        segments[0]["total_size"] = 21 * MiB
+        self.refused(["pytorch", self.snapshot(segments)], "segments[0]", "have no 'address'", "add up to 20971520",
+                     "not its total_size 22020096")
+        segments = self.segments_2_0()
+        segments[0]["blocks"][1]["history"][0]["real_size"] = "3M"
+        self.refused(["pytorch", self.snapshot(segments, "b.pickle")], "segments[0]['blocks'][1]['history'][0]",
+                     "'real_size' is a str")
+        segments = self.segments_2_0()
+        del segments[0]["blocks"][2]["size"]
+        self.refused(["pytorch", self.snapshot(segments, "c.pickle")], "segments[0]['blocks'][2] has no 'size'")
 
 
 class BoundedWork(Case):

@@ -40,6 +40,11 @@ struct mapping_figures {
 /// What the measuring pass saw of one allocator on one device.
 struct measurement {
     std::uint64_t peak_reserved = 0;
+    /// Reserved and live bytes after each operation, averaged over the operations: what the
+    /// allocator held over the trace, beside what was live (a pool that gives memory back as it
+    /// comes free keeps the first close to the second, whatever its peak).
+    double mean_reserved = 0;
+    double mean_live = 0;
     std::uint64_t reserved_at_peak = 0;               ///< after the op where the trace's live bytes peak
     std::optional<std::uint64_t> largest_free_at_peak; ///< when the allocator can tell
     std::optional<std::uint64_t> observed_peak_live;   ///< the allocator's own count, when it keeps one
@@ -129,6 +134,7 @@ public:
         const std::size_t n = p.ops.size();
         const std::size_t bucket = std::max<std::size_t>(1, (n + options.timeline_points - 1) / std::max<std::size_t>(1, options.timeline_points));
         std::uint64_t live = 0, bucket_live = 0, bucket_reserved = 0;
+        long double reserved_sum = 0, live_sum = 0;
         for (std::size_t i = 0; i < n; ++i) {
             const op& o = p.ops[i];
             const std::size_t alignment = std::size_t{1} << o.alignment_log2;
@@ -149,6 +155,8 @@ public:
             }
             const std::uint64_t reserved = a->reserved();
             m.peak_reserved = std::max(m.peak_reserved, reserved);
+            reserved_sum += static_cast<long double>(reserved);
+            live_sum += static_cast<long double>(live);
             if (i == p.peak_live_op) {
                 m.reserved_at_peak = reserved;
                 m.largest_free_at_peak = a->largest_free();
@@ -165,6 +173,10 @@ public:
             if ((i & 0xFFFF) == 0xFFFF) bar.advance(0x10000);
         }
         bar.advance(n & 0xFFFF);
+        if (n != 0) {
+            m.mean_reserved = static_cast<double>(reserved_sum / static_cast<long double>(n));
+            m.mean_live = static_cast<double>(live_sum / static_cast<long double>(n));
+        }
         a->settle();
         m.observed_peak_live = a->peak_live();
         if constexpr (requires { a->mapping(); }) m.mapping = a->mapping();

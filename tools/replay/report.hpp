@@ -36,6 +36,9 @@ struct reference_result {
     /// reference allocator held at the start counts only while it lasted into the trace.
     std::uint64_t peak_reserved_in_trace = 0;
     std::uint64_t reserved_at_peak = 0;
+    /// Its reserved bytes averaged over the operations (as measurement::mean_reserved), from its
+    /// segment events: what it held over the trace, beside its peak.
+    double mean_reserved = 0;
     std::optional<std::size_t> first_over_capacity;
 };
 
@@ -54,6 +57,24 @@ struct report {
     std::vector<device_result> devices;
 };
 
+/// The mean of `s` over operations [0, n): its value at each operation (reference_series::at),
+/// averaged. O(points + 1).
+[[nodiscard]] inline double mean_over_ops(const reference_series& s, std::size_t n) {
+    if (n == 0) return 0.0;
+    long double sum = 0;
+    std::size_t from = 0;
+    std::uint64_t value = s.at(0);
+    for (const auto& [k, v] : s.points) {
+        if (k == 0) continue;
+        if (k >= n) break;
+        sum += static_cast<long double>(value) * static_cast<long double>(k - from);
+        from = k;
+        value = v;
+    }
+    sum += static_cast<long double>(value) * static_cast<long double>(n - from);
+    return static_cast<double>(sum / static_cast<long double>(n));
+}
+
 /// The reference's figures for `p` at `capacity`.
 [[nodiscard]] inline reference_result reference_figures(const device_program& p, std::uint64_t capacity) {
     reference_result r;
@@ -61,6 +82,7 @@ struct report {
     r.peak_reserved = p.reference->peak;
     r.peak_reserved_in_trace = p.reference->peak_from(p.first_trace_op);
     r.reserved_at_peak = p.reference->at(p.peak_live_op);
+    r.mean_reserved = mean_over_ops(*p.reference, p.ops.size());
     for (const auto& [k, v] : p.reference->points) {
         if (v > capacity) {
             r.first_over_capacity = k;
@@ -81,6 +103,14 @@ inline std::string format_time(double ns) {
     if (ns >= 1e6) std::snprintf(buf, sizeof buf, "%.2f ms", ns / 1e6);
     else if (ns >= 1e3) std::snprintf(buf, sizeof buf, "%.2f us", ns / 1e3);
     else std::snprintf(buf, sizeof buf, "%.1f ns", ns);
+    return buf;
+}
+
+/// a / b with three decimals; "-" when b is 0.
+inline std::string ratio(double a, double b) {
+    if (b <= 0) return "-";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f", a / b);
     return buf;
 }
 
@@ -151,8 +181,9 @@ inline std::string columns(const std::vector<std::vector<std::string>>& rows) {
                detail::format_op(p, p.ops.empty() ? std::nullopt : std::optional<std::size_t>(p.peak_live_op)) + "\n";
         std::vector<std::vector<std::string>> rows;
         const std::string first = d.allocators.empty() ? "" : d.allocators.front().spec;
-        rows.push_back({"allocator", "time/op", "vs " + first, "peak reserved", "fragmentation", "reserved at peak",
-                        "largest free at peak", "first op over capacity", "failed"});
+        rows.push_back({"allocator", "time/op", "vs " + first, "peak reserved", "fragmentation", "mean reserved",
+                        "mean reserved / live", "reserved at peak", "largest free at peak", "first op over capacity",
+                        "failed"});
         const double base = d.allocators.empty() ? 0.0 : d.allocators.front().ns_per_op;
         char buf[64];
         for (const auto& a : d.allocators) {
@@ -160,7 +191,8 @@ inline std::string columns(const std::vector<std::vector<std::string>>& rows) {
             const std::string frag = buf;
             std::snprintf(buf, sizeof buf, "%.2f", base > 0 ? a.ns_per_op / base : 0.0);
             rows.push_back({a.spec, detail::format_time(a.ns_per_op), buf, format_bytes(a.m.peak_reserved), frag,
-                            format_bytes(a.m.reserved_at_peak),
+                            format_bytes(static_cast<std::uint64_t>(a.m.mean_reserved)),
+                            detail::ratio(a.m.mean_reserved, a.m.mean_live), format_bytes(a.m.reserved_at_peak),
                             a.m.largest_free_at_peak ? format_bytes(*a.m.largest_free_at_peak) : "-",
                             detail::format_op(p, a.m.first_over_capacity),
                             a.m.failed_allocations == 0 ? "-" : std::to_string(a.m.failed_allocations) + " from " +
@@ -169,13 +201,16 @@ inline std::string columns(const std::vector<std::vector<std::string>>& rows) {
         if (d.reference) {
             const auto& ref = *d.reference;
             std::snprintf(buf, sizeof buf, "%.3f", fragmentation(ref.peak_reserved, p.peak_live));
+            const double mean_live = d.allocators.empty() ? 0.0 : d.allocators.front().m.mean_live;
             rows.push_back({ref.name + " (recorded)", "-", "-", format_bytes(ref.peak_reserved), buf,
-                            format_bytes(ref.reserved_at_peak), "-", detail::format_op(p, ref.first_over_capacity), "-"});
+                            format_bytes(static_cast<std::uint64_t>(ref.mean_reserved)),
+                            detail::ratio(ref.mean_reserved, mean_live), format_bytes(ref.reserved_at_peak), "-",
+                            detail::format_op(p, ref.first_over_capacity), "-"});
             if (ref.peak_reserved_in_trace != ref.peak_reserved) {
                 std::snprintf(buf, sizeof buf, "%.3f", fragmentation(ref.peak_reserved_in_trace, p.peak_live));
                 rows.push_back({ref.name + " (recorded, from op " + std::to_string(p.first_trace_op) + ")", "-", "-",
-                                format_bytes(ref.peak_reserved_in_trace), buf, format_bytes(ref.reserved_at_peak), "-",
-                                "-", "-"});
+                                format_bytes(ref.peak_reserved_in_trace), buf, "-", "-",
+                                format_bytes(ref.reserved_at_peak), "-", "-", "-"});
             }
         }
         out += detail::columns(rows);
@@ -255,6 +290,8 @@ inline std::string columns(const std::vector<std::vector<std::string>>& rows) {
             w.end_array();
             w.field("peak_reserved_bytes", a.m.peak_reserved);
             w.field("fragmentation", fragmentation(a.m.peak_reserved, p.peak_live));
+            w.field("mean_reserved_bytes", a.m.mean_reserved);
+            w.field("mean_live_bytes", a.m.mean_live);
             w.field("reserved_at_peak_bytes", a.m.reserved_at_peak);
             optional_number("largest_free_at_peak_bytes", a.m.largest_free_at_peak);
             optional_number("observed_peak_live_bytes", a.m.observed_peak_live);
@@ -297,6 +334,7 @@ inline std::string columns(const std::vector<std::vector<std::string>>& rows) {
             w.field("peak_reserved_in_trace_bytes", ref.peak_reserved_in_trace);
             w.field("fragmentation_in_trace", fragmentation(ref.peak_reserved_in_trace, p.peak_live));
             w.field("reserved_at_peak_bytes", ref.reserved_at_peak);
+            w.field("mean_reserved_bytes", ref.mean_reserved);
             optional_number("first_op_over_capacity", ref.first_over_capacity);
             w.key("timeline");
             w.begin_object();

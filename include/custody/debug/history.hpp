@@ -26,6 +26,8 @@ enum class history_action : unsigned char {
     segment_alloc,  ///< memory taken from the device (a pool's chunk)
     segment_free,   ///< memory given back to the device
     oom,            ///< an allocation that found no memory
+    segment_map,    ///< memory mapped into a segment that grows by mapping (PyTorch's expandable segments)
+    segment_unmap,  ///< memory unmapped from such a segment
 };
 
 /// The name PyTorch's snapshot gives an action.
@@ -37,6 +39,8 @@ enum class history_action : unsigned char {
     case history_action::segment_alloc: return "segment_alloc";
     case history_action::segment_free: return "segment_free";
     case history_action::oom: return "oom";
+    case history_action::segment_map: return "segment_map";
+    case history_action::segment_unmap: return "segment_unmap";
     }
     return "?";
 }

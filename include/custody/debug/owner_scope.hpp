@@ -43,9 +43,11 @@ private:
 
 } // namespace detail
 
-/// Interns `name` ("" is untagged). Thread-safe; costs a lock and a hash.
+/// Interns `name`. "" and untagged_owner ("<untagged>") are untagged (nullptr): the name an owner
+/// is shown by is the one it is found by, so a scope named "<untagged>" is the untagged owner, not a
+/// second owner of that name. Thread-safe; costs a lock and a hash.
 [[nodiscard]] inline owner_id intern_owner(std::string_view name) {
-    if (name.empty()) return nullptr;
+    if (name.empty() || name == untagged_owner) return nullptr;
     return detail::owner_table::instance().intern(name);
 }
 

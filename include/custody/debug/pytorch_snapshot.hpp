@@ -23,7 +23,7 @@
 /// room for it). A live block in no known segment gets a segment of its own.
 #pragma once
 
-#include <custody/core/error.hpp>
+#include <custody/core/detail/output_file.hpp>
 #include <custody/debug/detail/call_stack.hpp>
 #include <custody/debug/detail/frame_text.hpp>
 #include <custody/debug/detail/pickle_writer.hpp>
@@ -33,20 +33,15 @@
 #include <custody/debug/segment_journal.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <iterator>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include <fcntl.h>
-#include <unistd.h>
 
 namespace custody::debug {
 
@@ -60,6 +55,12 @@ struct device_memory_state {
     std::vector<std::uintptr_t> pending_free;
     std::vector<history_event> history;
 };
+
+/// The highest device number a snapshot takes: device_traces holds a list for every device up to
+/// the highest, so a number beyond any machine's devices is refused rather than made a list of
+/// billions (or, at INT_MAX, overflowed). PyTorch numbers devices with a small integer
+/// (c10::DeviceIndex); 1023 leaves room for any machine and keeps the lists a reader walks few.
+inline constexpr int max_snapshot_device = 1023;
 
 /// A frame of PyTorch's format.
 struct snapshot_frame {
@@ -217,7 +218,8 @@ inline std::vector<snapshot_trace_entry> trace_of(const std::vector<history_even
     trace.reserve(history.size());
     std::int64_t last_us = INT64_MIN;
     for (const history_event& e : history) {
-        const bool segment_event = e.action == history_action::segment_alloc || e.action == history_action::segment_free;
+        const bool segment_event = e.action == history_action::segment_alloc || e.action == history_action::segment_free ||
+                                   e.action == history_action::segment_map || e.action == history_action::segment_unmap;
         last_us = std::max(last_us, e.unix_ns / 1000);
         snapshot_trace_entry t{e.action, e.address, e.bytes, e.stream, last_us,
                                segment_event ? std::string() : std::string(owner_name(e.owner)), {}};
@@ -309,13 +311,20 @@ inline void write_entry(pickle_writer& w, const snapshot_trace_entry& t) {
 
 } // namespace detail
 
-/// One rank's snapshot from the state of its devices (stacks are symbolized here, once each).
+/// One rank's snapshot from the state of its devices (stacks are symbolized here, once each); a
+/// device below 0 is left out. Throws std::invalid_argument for a device above max_snapshot_device.
 /// O(n log n) in the blocks and segments, plus the symbolizing.
 [[nodiscard]] inline pytorch_snapshot make_pytorch_snapshot(std::vector<device_memory_state> devices) {
     pytorch_snapshot out;
     detail::frame_cache cache;
     int last_device = -1;
-    for (const device_memory_state& d : devices) last_device = std::max(last_device, d.device);
+    for (const device_memory_state& d : devices) {
+        if (d.device > max_snapshot_device) {
+            throw std::invalid_argument("custody: a snapshot of device " + std::to_string(d.device) +
+                                        ", above the highest it takes (" + std::to_string(max_snapshot_device) + ")");
+        }
+        last_device = std::max(last_device, d.device);
+    }
     out.device_traces.resize(static_cast<std::size_t>(last_device + 1));
     for (device_memory_state& d : devices) {
         if (d.device < 0) continue;
@@ -354,29 +363,13 @@ inline void write_entry(pickle_writer& w, const snapshot_trace_entry& t) {
     return out;
 }
 
-/// Writes the snapshot's pickle to `path`: to a new file beside it (created exclusively, never
-/// through a link), renamed into place once complete, so that a reader never sees half a file and
-/// nothing an attacker linked in place is written. Throws custody::error naming the file.
+/// Writes the snapshot's pickle to `path` as every custody writer writes a file
+/// (core/detail/output_file.hpp): a new file under an unpredictable name beside it, renamed into
+/// place once complete, so that a reader never sees half a file, nothing linked in place is written
+/// through, and threads or processes writing one path each succeed; a character device or a pipe is
+/// written in place. Throws custody::error naming the file.
 inline void write_pytorch_snapshot(const pytorch_snapshot& s, const std::string& path) {
-    const std::string data = to_pickle(s);
-    const std::string temporary = path + ".partial-" + std::to_string(::getpid());
-    const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) throw custody::error("custody: cannot write the snapshot '" + path + "': " + std::strerror(errno));
-    std::string_view rest = data;
-    bool ok = true;
-    while (ok && !rest.empty()) {
-        const ::ssize_t n = ::write(fd, rest.data(), rest.size());
-        if (n < 0 && errno == EINTR) continue;
-        ok = n > 0;
-        if (ok) rest.remove_prefix(static_cast<std::size_t>(n));
-    }
-    const int saved = errno;
-    ok = (::close(fd) == 0) && ok;
-    if (!ok || std::rename(temporary.c_str(), path.c_str()) != 0) {
-        const std::string why = std::strerror(ok ? errno : saved);
-        ::unlink(temporary.c_str());
-        throw custody::error("custody: cannot write the snapshot '" + path + "': " + why);
-    }
+    custody::detail::write_file(path, to_pickle(s));
 }
 
 } // namespace custody::debug

@@ -259,7 +259,7 @@ public:
 
     /// Live bytes and blocks of one owner (exact name; "" or "<untagged>" for untagged memory).
     [[nodiscard]] owner_usage owner_live(std::string_view owner) const {
-        const owner_id id = (owner.empty() || owner == untagged_owner) ? nullptr : intern_owner(owner);
+        const owner_id id = intern_owner(owner);
         const detail::owner_totals t = core_.state().owner(id);
         return owner_usage{std::string(owner_name(id)), t.bytes, t.count, t.peak};
     }

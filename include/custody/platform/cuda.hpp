@@ -57,12 +57,31 @@ namespace custody::cuda {
     return count;
 }
 
+namespace detail {
+
+using primary_context_state_function = PFN_cuDevicePrimaryCtxGetState_v7000;
+
+/// What `query` (cuDevicePrimaryCtxGetState) says of `device`'s primary context: active only when it
+/// succeeds and sets the state to 1. The state is seeded 0, as PyTorch seeds it
+/// (c10/cuda/CUDAFunctions.cpp, hasPrimaryContext): the driver may leave it untouched for an
+/// inactive context, and a seed of 1 would then read as active (a device guard making a context it
+/// need not, on every rank's GPU 0). True when there is no query or it fails: the driver cannot
+/// tell, and callers behave as without asking.
+[[nodiscard]] inline bool primary_context_active(int device, primary_context_state_function query) noexcept {
+    if (query == nullptr) return true;
+    unsigned int flags = 0;
+    int active = 0;
+    if (query(static_cast<CUdevice>(device), &flags, &active) != CUDA_SUCCESS) return true;
+    return active == 1;
+}
+
+} // namespace detail
+
 /// Whether `device`'s primary context is active (cuDevicePrimaryCtxGetState, reached through the
 /// runtime's driver entry point so that nothing links against libcuda): making it current costs no
 /// new context. True when the driver cannot tell, so that callers behave as without the query.
 [[nodiscard]] inline bool primary_context_active(int device) noexcept {
-    using state_function = PFN_cuDevicePrimaryCtxGetState_v7000;
-    static const state_function query = []() noexcept -> state_function {
+    static const detail::primary_context_state_function query = []() noexcept -> detail::primary_context_state_function {
         void* address = nullptr;
         cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
 #if CUDART_VERSION >= 12050
@@ -75,12 +94,9 @@ namespace custody::cuda {
             static_cast<void>(cudaGetLastError());
             return nullptr;
         }
-        return reinterpret_cast<state_function>(address);
+        return reinterpret_cast<detail::primary_context_state_function>(address);
     }();
-    unsigned int flags = 0;
-    int active = 1;
-    if (query == nullptr || query(static_cast<CUdevice>(device), &flags, &active) != CUDA_SUCCESS) return true;
-    return active != 0;
+    return detail::primary_context_active(device, query);
 }
 
 [[nodiscard]] inline int current_device() {

@@ -194,10 +194,12 @@ struct vmm {
                detail::device_attribute(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED);
     }
 
-    /// The minimum mapping granularity of `device` (2 MiB on current GPUs).
-    [[nodiscard]] static std::size_t granularity(int device) {
+    /// The minimum mapping granularity of `device` (2 MiB on current GPUs), for memory created as
+    /// create(device, n, exportable) creates it: the driver answers for the very property the
+    /// allocations use (an exportable handle type may need a coarser granule than none).
+    [[nodiscard]] static std::size_t granularity(int device, bool exportable = false) {
         const auto& d = detail::driver_or_throw("cuMemGetAllocationGranularity");
-        const CUmemAllocationProp prop = detail::device_memory_prop(device, false);
+        const CUmemAllocationProp prop = detail::device_memory_prop(device, exportable);
         std::size_t g = 0;
         detail::driver_check(d.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
                              "cuMemGetAllocationGranularity");

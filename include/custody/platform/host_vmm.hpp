@@ -5,7 +5,9 @@
 /// again, so that reservations, granules, exhaustion and export are exercised without a GPU.
 #pragma once
 
+#include <custody/core/error.hpp>
 #include <custody/core/failure_callback.hpp>
+#include <custody/core/statistics.hpp>
 #include <custody/platform/host.hpp>
 #include <custody/platform/virtual_memory.hpp>
 
@@ -33,7 +35,8 @@ namespace custody::host {
 /// it is mapped and touched) and a memfd of the size for exportable memory. map replaces the
 /// reserved pages with a fresh private mapping, or with a shared mapping of the memfd, still
 /// PROT_NONE; set_access makes it readable and writable (mprotect), which is when the kernel
-/// charges a private mapping's commit. unmap maps the reservation back over the range (PROT_NONE,
+/// charges a private mapping's commit (map and set_access throw custody::out_of_memory when the
+/// kernel has no memory left to commit: ENOMEM). unmap maps the reservation back over the range (PROT_NONE,
 /// MAP_NORESERVE): the pages are freed and the commit returned at once, and a memfd's pages stay
 /// only with whoever else maps them. export_fd duplicates the memfd: another process can mmap it.
 ///
@@ -115,16 +118,20 @@ struct vmm {
         if (bytes != h.bytes) throw std::invalid_argument("custody: host vmm maps a handle whole");
         const int flags = MAP_FIXED | (h.fd >= 0 ? MAP_SHARED : MAP_PRIVATE | MAP_ANONYMOUS);
         if (::mmap(ptr, bytes, PROT_NONE, flags, h.fd, 0) == MAP_FAILED) {
+            const int saved = errno;
             // A failed MAP_FIXED may have dropped the old pages: put the reservation back.
             static_cast<void>(unmap(h.device, ptr, bytes));
-            throw_errno("mmap (map)");
+            errno = saved;
+            throw_errno("mmap (map)", bytes, h.device);
         }
     }
 
     /// Makes [ptr, ptr+bytes) readable and writable by `devices` (all of which must exist).
     static void set_access(void* ptr, std::size_t bytes, std::span<const int> devices) {
         for (int d : devices) check_device(d);
-        if (::mprotect(ptr, bytes, PROT_READ | PROT_WRITE) != 0) throw_errno("mprotect (set_access)");
+        if (::mprotect(ptr, bytes, PROT_READ | PROT_WRITE) != 0) {
+            throw_errno("mprotect (set_access)", bytes, devices.empty() ? -1 : devices[0]);
+        }
     }
 
     /// Puts the reservation back over [ptr, ptr+bytes): the pages are freed.
@@ -159,6 +166,15 @@ private:
     }
     [[noreturn]] static void throw_errno(const char* call) {
         throw std::system_error(errno, std::generic_category(), std::string("custody: ") + call);
+    }
+    /// As above for a call that commits `bytes` of `device`'s memory: the kernel's ENOMEM (no memory
+    /// left to commit, or no mapping left to make) is exhaustion, custody::out_of_memory.
+    [[noreturn]] static void throw_errno(const char* call, std::size_t bytes, int device) {
+        if (errno == ENOMEM) {
+            throw out_of_memory(bytes, page_size(), device, resource_statistics{}, "host::vmm",
+                                std::string(call) + ": the kernel has no memory left to commit");
+        }
+        throw_errno(call);
     }
     static void report_errno(const char* call) noexcept { report_noexcept_failure(call, std::strerror(errno)); }
 };

@@ -24,7 +24,8 @@
 ///                                caller; throws where the platform cannot export
 ///
 /// Failures other than exhaustion throw (custody::cuda_error, std::system_error) and change
-/// nothing. release, unmap and free_reservation never throw: they report a failure (and unmap
+/// nothing. A platform that finds its memory short only at map or set_access (the host's kernel
+/// charges a mapping's commit there) throws custody::out_of_memory from them: exhaustion too. release, unmap and free_reservation never throw: they report a failure (and unmap
 /// answers false, leaving the range mapped). Each operation is told the device it works for, so a
 /// platform can make that device's context current for it.
 #pragma once

@@ -84,6 +84,18 @@ struct pool_options {
     /// cudaMemPoolAttrReleaseThreshold.
     std::size_t release_threshold = SIZE_MAX;
 
+    /// Each stream's working set: the free memory cached on a stream that gives back what it
+    /// allocates (not a consumer of another stream's blocks) stays that stream's, untouched by
+    /// other streams' allocations (which grow the pool instead), up to this many bytes per stream,
+    /// and up to working_set_total over all the streams so kept. Streams that take turns in one
+    /// thread (compute, copy, communication) then reuse their own blocks on the fast path instead
+    /// of handing them to each other at every call. The pool so holds at most working_set_total
+    /// beyond what its bound on cross-stream reuse allows (see reuse_policy); over an upstream that
+    /// maps, idle granules are still unmapped before new ones are mapped, working sets or not.
+    /// 0: no working sets.
+    std::size_t stream_working_set = std::size_t{64} << 20;
+    std::size_t working_set_total = std::size_t{256} << 20;
+
     /// Cross-stream reuse (see reuse_policy). Default: follow_dependencies, as cudaMallocAsync.
     reuse_policy reuse = reuse_policy::follow_dependencies;
 

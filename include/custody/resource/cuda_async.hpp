@@ -32,6 +32,9 @@ public:
     static constexpr const char* name = "cuda_async";
     static constexpr std::size_t max_alignment = 256;
     static constexpr bool interchangeable = true;
+    /// Blocks are ordered on the stream they are allocated on (a pool that grows over it takes its
+    /// chunks on a stream of its own and waits for it: pool/detail/chunked_growth.hpp).
+    static constexpr bool allocates_in_stream_order = true;
 
     /// Uses `device`'s default pool and sets its release threshold. Throws custody::error if the
     /// device does not support memory pools, custody::cuda_error if a call fails.

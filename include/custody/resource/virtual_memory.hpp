@@ -34,10 +34,11 @@ struct virtual_memory_statistics {
     std::size_t reserved_bytes = 0; ///< address space held (the reservation)
     std::size_t mapped_bytes = 0;   ///< physical memory mapped: live blocks rounded up to granules
     std::size_t granule = 0;        ///< unit of mapping
-    std::size_t free_bytes = 0;     ///< address space not in use: reserved - live spans - withheld
+    std::size_t free_bytes = 0;     ///< address space not in use: reserved - live spans - claimed - withheld
     std::size_t largest_free = 0;   ///< the largest block that could be allocated now
     std::size_t withheld_bytes = 0; ///< address space of blocks whose unmap failed (never reused)
-    std::size_t placed_bytes = 0;   ///< mapped by map_at for a strategy that places its own blocks
+    std::size_t claimed_bytes = 0;  ///< address space claimed by strategies that place their own blocks
+    std::size_t placed_bytes = 0;   ///< mapped by map_at inside those claims
     std::uint64_t map_calls = 0;    ///< allocations and map_at calls that mapped memory
     std::uint64_t unmap_calls = 0;  ///< deallocations and unmap_at calls that unmapped memory
 };
@@ -66,11 +67,14 @@ struct virtual_memory_statistics {
 /// holds of the device's memory), as for every resource; the address range is
 /// vmm_statistics().reserved_bytes.
 ///
-/// **Placing blocks elsewhere.** A strategy that places its own blocks in the range (the pool grows
-/// in it granule by granule, docs/pool.md) maps and unmaps granule-aligned parts itself with map_at
-/// and unmap_at: a part mapped so is taken from the free ranges as a block is, counted as one live
-/// block per granule, and may be unmapped in any granule-aligned pieces. allocate never hands out
-/// such a part, so the two uses share the range safely.
+/// **One owner of the range.** The resource is the one owner of its address range, and every user
+/// asks it. allocate takes the lowest free part that fits (first fit by address). A strategy that
+/// places its own blocks (the pool grows in the range granule by granule, docs/pool.md) first
+/// claims address space with claim(), which takes the highest free part that fits, and then maps and
+/// unmaps granule-aligned pieces of its claim itself with map_at and unmap_at, in any order. Claimed
+/// space is never handed out by allocate, nor claimed twice, whether mapped or not; a granule that
+/// would not unmap stays mapped inside its claim (is_mapped tells which), so the claimant never
+/// maps over it. Each mapped granule counts as one live block.
 template <virtual_memory_operations Vmm>
 class virtual_memory final {
 public:
@@ -164,6 +168,7 @@ public:
         s.mapped_bytes = range_.mapped_bytes();
         s.granule = range_.granule();
         s.withheld_bytes = withheld_;
+        s.claimed_bytes = claimed_bytes_;
         s.placed_bytes = placed_;
         s.map_calls = map_calls_;
         s.unmap_calls = unmap_calls_;
@@ -203,62 +208,81 @@ public:
     /// The first byte of the range: a strategy places its blocks at offsets from it.
     [[nodiscard]] void* base() const noexcept { return range_.base(); }
 
-    /// Maps physical memory over [ptr, ptr + bytes): granule-aligned, inside the range and free
-    /// (neither a block nor mapped by map_at; std::invalid_argument otherwise). Returns false,
-    /// changing nothing, when the device has no physical memory left (or no host memory for the
-    /// bookkeeping); any other failure throws and changes nothing. Usable by every stream at once.
+    /// Claims `bytes` (a multiple of the granule) of address space for a strategy that places its
+    /// own blocks: the highest free part of the range that holds them, nothing mapped. nullptr,
+    /// changing nothing, when no free part is that large (or no host memory is left for the
+    /// bookkeeping).
+    [[nodiscard]] void* claim(std::size_t bytes) noexcept {
+        if (bytes == 0 || bytes % range_.granule() != 0) return nullptr;
+        std::lock_guard lock(mutex_);
+        for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
+            if (it->second < bytes) continue;
+            const std::size_t offset = it->first + it->second - bytes;
+            try {
+                claims_.emplace(offset, bytes);
+            } catch (const std::bad_alloc&) {
+                return nullptr;
+            }
+            if (it->second == bytes) {
+                free_.erase(std::next(it).base());
+            } else {
+                it->second -= bytes;
+            }
+            claimed_bytes_ += bytes;
+            return static_cast<std::byte*>(range_.base()) + offset;
+        }
+        return nullptr;
+    }
+
+    /// Gives back the claim at `ptr` (as claim() returned it), which must be wholly unmapped; a
+    /// claim still mapped in part is kept, and reported.
+    void unclaim(void* ptr) noexcept {
+        const std::size_t offset = offset_of(ptr);
+        std::lock_guard lock(mutex_);
+        auto it = claims_.find(offset);
+        if (it == claims_.end()) {
+            report_noexcept_failure("virtual_memory::unclaim", "not a claim");
+            return;
+        }
+        for (std::size_t g = 0; placed_ != 0 && g < it->second; g += range_.granule()) { // nothing placed: none mapped
+            if (range_.is_mapped(offset + g)) {
+                report_noexcept_failure("virtual_memory::unclaim", "the claim is still mapped in part; it is kept");
+                return;
+            }
+        }
+        claimed_bytes_ -= it->second;
+        const std::size_t bytes = it->second;
+        claims_.erase(it);
+        give_back(offset, bytes);
+    }
+
+    /// Maps physical memory over [ptr, ptr + bytes): granule-aligned, inside one claim and not
+    /// mapped yet (std::invalid_argument otherwise). Returns false, changing nothing, when the device
+    /// has no physical memory left (or no host memory for the bookkeeping); any other failure
+    /// throws and changes nothing. Usable by every stream at once.
     [[nodiscard]] bool map_at(void* ptr, std::size_t bytes) {
         const std::size_t offset = offset_of(ptr);
         std::lock_guard lock(mutex_);
-        auto it = free_.upper_bound(offset);
-        if (it == free_.begin() || bytes == 0 || bytes % range_.granule() != 0 ||
-            std::prev(it)->first + std::prev(it)->second < offset + bytes || offset + bytes < offset) {
+        if (!claimed(offset, bytes)) {
             throw std::invalid_argument("custody: virtual_memory::map_at: [" + std::to_string(offset) + ", +" +
-                                        std::to_string(bytes) + ") is not a free granule-aligned part of the range");
+                                        std::to_string(bytes) + ") is not a granule-aligned part of a claim");
         }
-        --it;
-        const std::size_t start = it->first;
-        const std::size_t end = it->first + it->second;
-        // The free rest behind the part needs a node of its own: made first, so that nothing is
-        // mapped when there is no memory for it.
-        auto back = free_.end();
-        if (offset + bytes < end) {
-            try {
-                back = free_.emplace(offset + bytes, end - offset - bytes).first;
-            } catch (const std::bad_alloc&) {
-                return false;
-            }
-        }
-        bool mapped = false;
-        try {
-            mapped = range_.map(offset, bytes);
-        } catch (...) {
-            if (back != free_.end()) free_.erase(back);
-            throw;
-        }
-        if (!mapped) {
-            if (back != free_.end()) free_.erase(back);
-            return false;
-        }
-        if (offset == start) {
-            free_.erase(it);
-        } else {
-            it->second = offset - start;
-        }
+        if (!range_.map(offset, bytes)) return false; // throws for a part already mapped
         stats_.on_allocate(bytes, bytes, bytes / range_.granule());
         placed_ += bytes;
         ++map_calls_;
         return true;
     }
 
-    /// Unmaps [ptr, ptr + bytes), a granule-aligned part of what map_at mapped, and gives its
+    /// Unmaps [ptr, ptr + bytes), a granule-aligned part of a claim that map_at mapped, and gives its
     /// physical memory back; the caller makes sure no work still uses it. False when some granule
-    /// would not unmap (reported): that granule stays mapped and is never handed out again.
+    /// would not unmap (reported): that granule stays mapped, inside its claim (is_mapped says
+    /// which), and the others are unmapped.
     bool unmap_at(void* ptr, std::size_t bytes) noexcept {
         const std::size_t offset = offset_of(ptr);
         const std::size_t granule = range_.granule();
         std::lock_guard lock(mutex_);
-        if (bytes == 0 || bytes % granule != 0 || bytes > placed_) {
+        if (!claimed(offset, bytes) || bytes > placed_) {
             report_noexcept_failure("virtual_memory::unmap_at", "not a part of what map_at mapped");
             return false;
         }
@@ -269,22 +293,22 @@ public:
             report_noexcept_failure("virtual_memory::unmap_at", e.what());
             return false;
         }
-        stats_.on_deallocate(bytes, bytes, bytes / granule);
-        placed_ -= bytes;
         ++unmap_calls_;
-        if (all) {
-            give_back(offset, bytes);
-            return true;
-        }
-        // Some granule would not unmap: those that did go back to the free ranges one by one.
-        for (std::size_t g = 0; g < bytes; g += granule) {
-            if (range_.is_mapped(offset + g)) {
-                withheld_ += granule;
-            } else {
-                give_back(offset + g, granule);
+        std::size_t unmapped = bytes;
+        if (!all) {
+            for (std::size_t g = 0; g < bytes; g += granule) {
+                if (range_.is_mapped(offset + g)) unmapped -= granule;
             }
         }
-        return false;
+        stats_.on_deallocate(unmapped, unmapped, unmapped / granule);
+        placed_ -= unmapped;
+        return all;
+    }
+
+    /// Whether the granule that holds `ptr` (inside the range) is mapped.
+    [[nodiscard]] bool is_mapped(const void* ptr) const {
+        std::lock_guard lock(mutex_);
+        return range_.is_mapped(align_down(offset_of(ptr), range_.granule()));
     }
 
     friend bool operator==(const virtual_memory& a, const virtual_memory& b) noexcept { return &a == &b; }
@@ -294,6 +318,15 @@ public:
     {}
 
 private:
+    /// [offset, offset + bytes) is a non-empty, granule-aligned part of one claim (mutex_ held).
+    [[nodiscard]] bool claimed(std::size_t offset, std::size_t bytes) const noexcept {
+        if (bytes == 0 || bytes % range_.granule() != 0 || offset % range_.granule() != 0) return false;
+        auto it = claims_.upper_bound(offset);
+        if (it == claims_.begin()) return false;
+        --it;
+        return offset - it->first <= it->second && bytes <= it->second - (offset - it->first);
+    }
+
     [[nodiscard]] std::size_t offset_of(const void* ptr) const noexcept {
         return static_cast<std::size_t>(static_cast<const std::byte*>(ptr) - static_cast<const std::byte*>(range_.base()));
     }
@@ -371,10 +404,13 @@ private:
 
     mutable std::mutex mutex_;
     virtual_reservation<Vmm> range_;        // guarded by mutex_
-    std::map<std::size_t, std::size_t> free_; // offset -> length: disjoint, not adjacent, granule-aligned;
-                                              // sum(lengths) + sum(live spans) + placed_ + withheld_ == reserved
-    std::size_t withheld_ = 0;              // guarded by mutex_
-    std::size_t placed_ = 0;                // mapped by map_at and not unmapped yet; guarded by mutex_
+    // Guarded by mutex_; the range's address space is in exactly one of them:
+    //   sum(free_ lengths) + sum(live spans) + claimed_bytes_ + withheld_ == reserved
+    std::map<std::size_t, std::size_t> free_;   // offset -> length: disjoint, not adjacent, granule-aligned
+    std::map<std::size_t, std::size_t> claims_; // offset -> length: claimed by a strategy (claim())
+    std::size_t claimed_bytes_ = 0;             // = sum(claims_ lengths)
+    std::size_t withheld_ = 0;                  // live spans whose unmap failed: never handed out again
+    std::size_t placed_ = 0;                    // mapped by map_at inside claims: placed_ <= claimed_bytes_
     std::uint64_t map_calls_ = 0;           // guarded by mutex_
     std::uint64_t unmap_calls_ = 0;         // guarded by mutex_
     statistics_counter stats_;              // live_bytes = sum of live requests; reserved_bytes = their spans

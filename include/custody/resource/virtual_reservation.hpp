@@ -64,7 +64,14 @@ public:
             throw std::invalid_argument("custody: device " + std::to_string(device) +
                                         " has no virtual memory management");
         }
-        const std::size_t minimum = Vmm::granularity(device);
+        // The granularity of memory made as map() makes it (exportable or not), where the
+        // platform tells them apart (cuda::vmm).
+        std::size_t minimum = 0;
+        if constexpr (requires { Vmm::granularity(device, true); }) {
+            minimum = Vmm::granularity(device, exportable_);
+        } else {
+            minimum = Vmm::granularity(device);
+        }
         granule_ = options.granule == 0 ? minimum : options.granule;
         if (!is_pow2(granule_) || granule_ < minimum || granule_ % minimum != 0) {
             throw std::invalid_argument("custody: granule " + std::to_string(options.granule) +
@@ -125,7 +132,8 @@ public:
 
     /// Maps physical memory over [offset, offset+bytes), granule-aligned, inside the range and not
     /// mapped yet (else std::invalid_argument). Returns false, changing nothing, when the device has
-    /// no physical memory left; any other failure throws and changes nothing.
+    /// no physical memory left (create answers nothing, or map or set_access throws
+    /// custody::out_of_memory); any other failure throws and changes nothing.
     [[nodiscard]] bool map(std::size_t offset, std::size_t bytes) {
         check_range(offset, bytes);
         const std::size_t first = offset / granule_;
@@ -138,6 +146,8 @@ public:
         slots_.make(first, last); // may throw: nothing is mapped yet
         std::vector<std::pair<std::size_t, handle>> done;
         done.reserve(last - first);
+        // A platform that finds the memory short only at map or set_access (the host's kernel
+        // charges its commit there) says so with out_of_memory: exhaustion, as from create.
         try {
             for (std::size_t index = first; index != last; ++index) {
                 const std::optional<handle> h = Vmm::create(device_, granule_, exportable_);
@@ -154,6 +164,9 @@ public:
                 done.emplace_back(index, *h); // cannot throw: reserved above
             }
             Vmm::set_access(base_ + offset, bytes, std::span<const int>(access_));
+        } catch (const out_of_memory&) {
+            undo(done);
+            return false;
         } catch (...) {
             undo(done);
             throw;

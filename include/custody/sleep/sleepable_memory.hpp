@@ -100,7 +100,9 @@ namespace custody::sleep {
 /// stays mapped (restored or zeroed at the wake); a block whose copy out cannot be waited for stays
 /// mapped with its contents (kept as they are at the wake); and when the wait for a failed wake's
 /// copies fails too, the blocks they may still be writing stay mapped rather than be unmapped under
-/// them.
+/// them. A block whose access failed in a wake and whose unmap then failed too is mapped with its
+/// access unknown: it is never copied into as it is; the next wake unmaps it and maps it anew, or,
+/// while it will not unmap, refuses (custody::error) and changes nothing.
 ///
 /// Stream semantics: allocate maps before it returns (usable on any stream); deallocate on a
 /// stream waits for that stream and the block's recorded ones, then unmaps. sleep and wake block
@@ -315,12 +317,12 @@ public:
     }
     /// `owner`'s blocks and state now (all zero for an owner never seen).
     [[nodiscard]] owner_memory owner_statistics(std::string_view owner) const {
-        const debug::owner_id id = detail::owner_named(owner);
+        const debug::owner_id id = debug::intern_owner(owner);
         std::lock_guard lock(mutex_);
         return ledger_.owner_totals(id);
     }
     [[nodiscard]] bool is_asleep(std::string_view owner) const {
-        const debug::owner_id id = detail::owner_named(owner);
+        const debug::owner_id id = debug::intern_owner(owner);
         std::lock_guard lock(mutex_);
         return ledger_.asleep(id);
     }
@@ -463,9 +465,7 @@ private:
             block_type& b = *plan.blocks[i];
             const std::size_t held = b.range->mapped_bytes();
             static_cast<void>(b.range->unmap());
-            for (std::size_t k = 0; k < plan.owners.size(); ++k) {
-                if (plan.owners[k].first == b.owner) plan.released[k] += held - b.range->mapped_bytes();
-            }
+            plan.released[plan.slots[i]] += held - b.range->mapped_bytes();
         };
         for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
             if (backups[i] == nullptr) release(i);
@@ -490,13 +490,15 @@ private:
 
     // ---- wake, a ladder of named steps ----
 
-    /// Maps each block of the plan that is not mapped (a stuck one is) at the same address with
-    /// the same access, and enqueues its contents on the resource's stream, so that the next block
-    /// maps while the copies run; returns when they are all in place. out_of_memory when the device
-    /// has too little (what was mapped stays noted in plan.mapped for the undo).
+    /// Maps each block of the plan that is not usable at the same address with the same access (a
+    /// stuck one is usable as it is; one whose access a failed map left unknown is unmapped and
+    /// mapped anew, never copied into as it is), and enqueues its contents on the resource's
+    /// stream, so that the next block maps while the copies run; returns when they are all in
+    /// place. out_of_memory when the device has too little (what was mapped stays noted in
+    /// plan.mapped for the undo).
     void map_and_restore(wake_plan& plan) {
         for (block_type* b : plan.blocks) {
-            if (!b->range->is_mapped()) {
+            if (!b->range->is_usable()) {
                 if (!b->range->map()) throw_no_memory_to_wake(plan);
                 plan.mapped.push_back(b);
             }

@@ -21,6 +21,8 @@ namespace custody::pool::detail {
 ///   seq_ is odd exactly while a change is being written. A table replaced by a larger one is
 ///   kept (retired_) until the set is destroyed, since a reader may still be searching it; tables
 ///   double, so the retired ones hold less than the current one.
+///   every range lies in [low_, low_ + span_) whenever contains() may be asked about it; span_ == 0
+///   once the set is empty
 /// Thread safety: contains() from any thread at any time; insert/erase by one thread at a time
 /// (the owner's lock), concurrently with contains().
 /// Complexity: contains O(log n) (O(1) when empty); insert and erase O(n).
@@ -30,9 +32,19 @@ public:
     address_ranges(const address_ranges&) = delete;
     address_ranges& operator=(const address_ranges&) = delete;
 
-    /// True when `address` lies in one of the ranges.
-    [[nodiscard]] bool contains(std::uintptr_t address) const noexcept {
-        if (size_.load(std::memory_order_acquire) == 0) [[likely]] return false;
+    /// True when `address` lies in one of the ranges. Inline, one subtraction and a compare for an
+    /// address outside the span from the lowest range's start to the highest one's end (every
+    /// address while the set is empty); the search otherwise.
+    [[nodiscard, gnu::always_inline]] bool contains(std::uintptr_t address) const noexcept {
+        if (address - low_.load(std::memory_order_acquire) >= span_.load(std::memory_order_acquire)) [[likely]] {
+            return false;
+        }
+        return search(address);
+    }
+
+private:
+    [[gnu::noinline]] bool search(std::uintptr_t address) const noexcept {
+        if (size_.load(std::memory_order_acquire) == 0) return false;
         for (;;) {
             const std::uint64_t before = seq_.load(std::memory_order_acquire);
             if ((before & 1U) != 0) {
@@ -58,6 +70,7 @@ public:
         }
     }
 
+public:
     /// The number of ranges.
     [[nodiscard]] std::size_t size() const noexcept { return size_.load(std::memory_order_acquire); }
 
@@ -96,6 +109,15 @@ public:
         t.count.store(n + 1, std::memory_order_release);
         end_write();
         size_.store(n + 1, std::memory_order_release);
+        // The span only widens while ranges remain (a stale wide span costs a search, never a miss),
+        // published before the range's first block is handed out. While low_ moves, span_ covers
+        // every address, so that no reader sees a window that leaves out a range it may hold.
+        const std::uintptr_t old_low = low_.load(std::memory_order_relaxed);
+        const std::uintptr_t low = n == 0 ? begin : std::min(begin, old_low);
+        const std::uintptr_t high = n == 0 ? end : std::max(end, old_low + span_.load(std::memory_order_relaxed));
+        span_.store(UINTPTR_MAX, std::memory_order_release);
+        low_.store(low, std::memory_order_release);
+        span_.store(high - low, std::memory_order_release);
     }
 
     /// Removes the range that starts at `begin` (nothing if there is none).
@@ -113,6 +135,7 @@ public:
         t.count.store(n - 1, std::memory_order_release);
         end_write();
         size_.store(n - 1, std::memory_order_release);
+        if (n == 1) span_.store(0, std::memory_order_release); // empty: every address misses at once
     }
 
 private:
@@ -136,6 +159,9 @@ private:
     void begin_write() noexcept { seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
     void end_write() noexcept { seq_.store(seq_.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
 
+    /// Every range lies in [low_, low_ + span_) (span_ 0: no range); read first by contains().
+    std::atomic<std::uintptr_t> low_{0};
+    std::atomic<std::uintptr_t> span_{0};
     std::atomic<std::uint64_t> seq_{0};
     std::atomic<const table*> current_{nullptr}; // == owned_.get()
     std::atomic<std::size_t> size_{0};           // == owned_->count

@@ -15,6 +15,7 @@
 #include <custody/pool/capture_pool_id.hpp>
 #include <custody/pool/detail/address_ranges.hpp>
 #include <custody/pool/detail/free_set.hpp>
+#include <custody/pool/detail/growth.hpp>
 #include <custody/pool/detail/size_classes.hpp>
 
 #include <atomic>
@@ -137,10 +138,10 @@ public:
 
     /// The owner's fast path may serve a call of `bytes` when bytes - 1 < fast_limit(): the
     /// size-class threshold while nothing about captures concerns it (no route is open, every call
-    /// is not checked, no private memory exists, so no block given back is private) and the owner
-    /// is not always careful; else 0. One atomic load, the fast path's whole capture check. A
-    /// private block's range is published before the block is handed out, so a thread that gives
-    /// one back reads 0.
+    /// is not checked) and the owner is not always careful; else 0. One atomic load, the fast
+    /// path's capture check; its deallocate also asks owns() (one more load while no private chunk
+    /// exists), so that private chunks kept for the life of the process (graphs that are replayed
+    /// to the end) leave the fast path to every stream that is not capturing.
     [[nodiscard, gnu::always_inline]] std::size_t fast_limit() const noexcept { return fast_limit_.load(std::memory_order_acquire); }
     /// The pool must look at captures on this call (a route is open, or every call is checked).
     [[nodiscard]] bool watching() const noexcept { return every_call_ || routes_.load(std::memory_order_acquire) != 0; }
@@ -175,7 +176,8 @@ public:
         }
         ++p->holds;
         p->routing = true;
-        routes_list_.push_back({p, std::move(filter), origin, 0});
+        const std::uintptr_t origin_key = origin ? platform_type::stream_key(*origin) : no_key;
+        routes_list_.push_back({p, std::move(filter), origin, origin_key, 0});
         routes_.store(routes_list_.size(), std::memory_order_release);
         update_attention();
     }
@@ -278,7 +280,7 @@ public:
             std::lock_guard lock(mutex_);
             const std::uintptr_t key = platform_type::stream_key(stream);
             for (const route& r : routes_list_) {
-                if (r.origin && platform_type::stream_key(*r.origin) == key) return true;
+                if (r.origin_key == key) return true;
             }
         }
         try {
@@ -313,6 +315,9 @@ private:
         private_pool* pool;
         filter_type filter;
         std::optional<stream_type> origin;
+        /// origin's Platform::stream_key, asked once at begin_route, while the stream surely lives
+        /// (no_key without an origin): asking a destroyed stream its key is undefined on CUDA.
+        std::uintptr_t origin_key;
         std::uint64_t capture_id; ///< origin's capture id, asked once when first needed (0: not yet)
     };
 
@@ -333,7 +338,7 @@ private:
     route* route_for(stream_type stream, std::size_t bytes) {
         const std::uintptr_t key = platform_type::stream_key(stream);
         for (route& r : routes_list_) {
-            if (r.origin && platform_type::stream_key(*r.origin) == key) return &r;
+            if (r.origin_key == key) return &r;
         }
         const capture_info info = platform_type::query_capture(stream);
         if (info.capturing() && info.id != 0) {
@@ -393,19 +398,7 @@ private:
     /// every stream once taken (the stream is synchronized: it runs nothing else); nullptr when the
     /// upstream has none. Throws what making or synchronizing the stream throws, giving the memory
     /// back first (mutex_ held, relaxed capture mode).
-    void* take_chunk(std::size_t n) {
-        if (!growth_stream_) growth_stream_.emplace(device_ >= 0 ? device_ : platform_type::current_device());
-        const stream_type on = growth_stream_->view();
-        void* ptr = custody::try_allocate(upstream_, on, n, chunk_alignment_);
-        if (ptr == nullptr) return nullptr;
-        try {
-            platform_type::synchronize(on);
-        } catch (...) {
-            upstream_.deallocate(on, ptr, n, chunk_alignment_);
-            throw;
-        }
-        return ptr;
-    }
+    void* take_chunk(std::size_t n) { return take_waited(upstream_, growth_stream_, device_, n, chunk_alignment_); }
 
     /// Announces a new chunk of `p` to CUDA's tools: a heap that is one region, named after `p`.
     void announce(const private_pool& p, const void* chunk, std::size_t n) noexcept {
@@ -507,9 +500,12 @@ private:
 
     /// fast_limit_ after a change of the routes or the ranges (mutex_ held, or at construction).
     void update_attention() noexcept {
-        const bool quiet = !every_call_ && !always_careful_ && routes_list_.empty() && ranges_.size() == 0;
+        const bool quiet = !every_call_ && !always_careful_ && routes_list_.empty();
         fast_limit_.store(quiet ? small_threshold : 0, std::memory_order_release);
     }
+
+    /// The key of no stream (a route without an origin).
+    static constexpr std::uintptr_t no_key = ~std::uintptr_t{0};
 
     static std::string text(capture_pool_id id) {
         return "{" + std::to_string(id.first) + ", " + std::to_string(id.second) + "}";

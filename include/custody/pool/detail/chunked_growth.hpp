@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <type_traits>
 
 namespace custody::pool::detail {
 
@@ -31,11 +33,22 @@ template <class Upstream>
     }
 }
 
+/// Whether `Upstream`'s allocations are ordered on the stream they are asked on (a driver pool:
+/// cudaMallocFromPoolAsync), which the upstream declares (`allocates_in_stream_order`): such a chunk
+/// is usable by that stream only until the stream has run the allocation.
+template <class Upstream>
+inline constexpr bool allocates_in_stream_order = requires { requires Upstream::allocates_in_stream_order; };
+
 /// Growth in chunks: each growth takes one chunk from the upstream (sized by the growth rule, or
 /// exactly what the request needs when that is refused) into the free set of its kind; a chunk
 /// that is wholly free goes back to the upstream whole. Blocks never cross a chunk's end, so a
 /// large block takes the small free rest of its chunk along to its stream (keeps_tails), where the
 /// two coalesce again when the block comes back.
+///
+/// A chunk of an upstream that allocates in stream order is taken on a stream of the growth's own
+/// (made at the first growth, on the pool's device), and that stream is synchronized before the
+/// chunk serves any stream (it runs nothing else, so the wait is the allocation's alone); other
+/// upstreams' chunks are taken on the default stream, usable by every stream at once.
 ///
 /// Invariant: chunks().reserved() = the bytes of the chunks held = what the upstream gave.
 /// Thread safety: none of its own; the shared store calls it under its lock (the chunk map has its
@@ -111,7 +124,7 @@ private:
     /// Takes exactly `n` bytes as a chunk of `kind` into its set. Strong.
     bool add_chunk(per_kind<free_set>& sets, block_kind kind, std::size_t n) {
         if (!may_take(n)) return false;
-        void* p = custody::try_allocate(upstream_, stream_type{}, n, chunk_alignment);
+        void* p = take_ordered(n);
         if (p == nullptr) return false;
         const auto base = reinterpret_cast<std::uintptr_t>(p);
         try {
@@ -130,10 +143,26 @@ private:
         return true;
     }
 
+    /// `n` bytes from the upstream, usable by every stream; nullptr when it has none. Throws what
+    /// making or synchronizing the growth's stream throws (the memory given back first).
+    void* take_ordered(std::size_t n) {
+        if constexpr (allocates_in_stream_order<Upstream>) {
+            return take_waited(upstream_, stream_, budget_.device(), n, chunk_alignment);
+        } else {
+            return custody::try_allocate(upstream_, stream_type{}, n, chunk_alignment);
+        }
+    }
+
+    /// The stream of the growth's own, for an upstream that allocates in stream order.
+    struct no_stream {};
+    using growth_stream = std::conditional_t<allocates_in_stream_order<Upstream>,
+                                             std::optional<typename stream_type::platform_type::stream>, no_stream>;
+
     Upstream& upstream_;
     device_budget<Upstream> budget_;
     custody::detail::memory_annotations& annotations_;
     chunk_map chunks_;
+    [[no_unique_address]] growth_stream stream_; ///< made at the first growth
 };
 
 } // namespace custody::pool::detail

@@ -107,75 +107,17 @@ public:
     /// `alignment`, cut to exactly that range; what is left before and after stays free. Returns a
     /// block of size 0 when none fits.
     [[nodiscard]] free_block take(std::size_t size, std::size_t alignment) {
-        auto it = find_fit(size, alignment);
+        const auto it = find_fit(size, alignment);
         if (it == by_size_.end()) return {};
-        const std::uintptr_t start = it->second;
-        auto ait = by_address_.find(start);
-        const std::size_t total = ait->second.size;
-        const std::uintptr_t chunk = ait->second.chunk;
-        const std::uintptr_t at = align_up(start, alignment);
-        const std::size_t front = at - start;
-        const std::size_t back = total - front - size;
-        if (front != 0 && back != 0) {
-            // The only step that allocates, done first so that a failure changes nothing.
-            auto [bit, ok] = by_address_.emplace(at + size, info{back, chunk});
-            static_cast<void>(ok);
-            try {
-                by_size_.emplace(back, at + size);
-            } catch (...) {
-                by_address_.erase(bit);
-                throw;
-            }
-        }
-        auto an = by_address_.extract(ait);
-        auto sn = by_size_.extract(it);
-        if (front != 0 || back != 0) {
-            // Reuse the two nodes for the one remaining piece that has none yet.
-            const std::uintptr_t rest = front != 0 ? start : at + size;
-            const std::size_t rest_size = front != 0 ? front : back;
-            an.key() = rest;
-            an.mapped().size = rest_size;
-            sn.value() = {rest_size, rest};
-            by_address_.insert(std::move(an));
-            by_size_.insert(std::move(sn));
-        }
-        bytes_ -= size;
-        whole_bytes_ += whole(start, front) + whole(at + size, back) - whole(start, total);
-        return {at, size, chunk};
+        const std::uintptr_t at = align_up(it->second, alignment);
+        return {at, size, cut(by_address_.find(it->second), it, at, size)};
     }
 
     /// Removes [address, address + size) from the free block that holds it whole (precondition),
     /// leaving what is before and after it free. Strong: a bad_alloc changes nothing.
     void take_range(std::uintptr_t address, std::size_t size) {
-        auto ait = std::prev(by_address_.upper_bound(address));
-        const std::uintptr_t start = ait->first;
-        const std::size_t total = ait->second.size;
-        const std::uintptr_t chunk = ait->second.chunk;
-        const std::size_t front = address - start;
-        const std::size_t back = total - front - size;
-        if (front != 0 && back != 0) {
-            auto [bit, ok] = by_address_.emplace(address + size, info{back, chunk});
-            static_cast<void>(ok);
-            try {
-                by_size_.emplace(back, address + size);
-            } catch (...) {
-                by_address_.erase(bit);
-                throw;
-            }
-        }
-        auto an = by_address_.extract(ait);
-        auto sn = by_size_.extract({total, start});
-        if (front != 0 || back != 0) {
-            const std::uintptr_t rest = front != 0 ? start : address + size;
-            const std::size_t rest_size = front != 0 ? front : back;
-            an.key() = rest;
-            an.mapped().size = rest_size;
-            sn.value() = {rest_size, rest};
-            by_address_.insert(std::move(an));
-            by_size_.insert(std::move(sn));
-        }
-        bytes_ -= size;
-        whole_bytes_ += whole(start, front) + whole(address + size, back) - whole(start, total);
+        const auto ait = std::prev(by_address_.upper_bound(address));
+        static_cast<void>(cut(ait, by_size_.find({ait->second.size, ait->first}), address, size));
     }
 
     /// The bytes of the free block of chunk `chunk` that ends at `end`; 0 when there is none.
@@ -302,19 +244,56 @@ private:
         return last > first ? last - first : 0;
     }
 
+    /// The smallest block that holds `size` bytes at `alignment`: one of the first few by size
+    /// usually fits; past them, any block of size + alignment - 1 does, so the search stays
+    /// logarithmic for any alignment.
     size_index::iterator find_fit(std::size_t size, std::size_t alignment) {
+        const auto fits = [&](size_index::iterator it) { return align_up(it->second, alignment) - it->second + size <= it->first; };
         auto it = by_size_.lower_bound({size, 0});
-        // The first few candidates usually fit; past them, a block of size + alignment - granule
-        // always does, so the search stays logarithmic for any alignment.
         for (int tries = 0; it != by_size_.end() && tries < 8; ++it, ++tries) {
-            if (align_up(it->second, alignment) - it->second + size <= it->first) return it;
+            if (fits(it)) return it;
         }
         if (it == by_size_.end()) return it;
-        it = by_size_.lower_bound({size + alignment - 1, 0});
-        for (; it != by_size_.end(); ++it) {
-            if (align_up(it->second, alignment) - it->second + size <= it->first) return it;
+        for (it = by_size_.lower_bound({size + alignment - 1, 0}); it != by_size_.end() && !fits(it); ++it) {
         }
         return it;
+    }
+
+    /// Cuts [address, address + size) out of the free block at `ait` (`sit`: its entry by size),
+    /// leaving what is before and after it free; returns the block's chunk. Strong: the only step
+    /// that allocates (a node for the piece after, when pieces stay on both sides) comes first.
+    std::uintptr_t cut(std::map<std::uintptr_t, info>::iterator ait, size_index::iterator sit, std::uintptr_t address,
+                       std::size_t size) {
+        const std::uintptr_t start = ait->first;
+        const std::size_t total = ait->second.size;
+        const std::uintptr_t chunk = ait->second.chunk;
+        const std::size_t front = address - start;
+        const std::size_t back = total - front - size;
+        if (front != 0 && back != 0) {
+            auto [bit, ok] = by_address_.emplace(address + size, info{back, chunk});
+            static_cast<void>(ok);
+            try {
+                by_size_.emplace(back, address + size);
+            } catch (...) {
+                by_address_.erase(bit);
+                throw;
+            }
+        }
+        auto an = by_address_.extract(ait);
+        auto sn = by_size_.extract(sit);
+        if (front != 0 || back != 0) {
+            // Reuse the two nodes for the one remaining piece that has none yet.
+            const std::uintptr_t rest = front != 0 ? start : address + size;
+            const std::size_t rest_size = front != 0 ? front : back;
+            an.key() = rest;
+            an.mapped().size = rest_size;
+            sn.value() = {rest_size, rest};
+            by_address_.insert(std::move(an));
+            by_size_.insert(std::move(sn));
+        }
+        bytes_ -= size;
+        whole_bytes_ += whole(start, front) + whole(address + size, back) - whole(start, total);
+        return chunk;
     }
 
     void resize(std::map<std::uintptr_t, info>::iterator it, std::size_t size) {

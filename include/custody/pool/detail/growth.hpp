@@ -164,6 +164,28 @@ private:
     std::size_t capacity_;
 };
 
+/// `n` bytes at `alignment` from `upstream`, taken on `stream` (the caller's own, made on `device` at
+/// the first call: it runs nothing else) and waited for, so that any stream may use them at once;
+/// nullptr when the upstream has none. Throws what making or synchronizing the stream throws, the
+/// memory given back first.
+template <class Upstream>
+[[nodiscard]] void* take_waited(Upstream& upstream,
+                                std::optional<typename Upstream::stream_type::platform_type::stream>& stream, int device,
+                                std::size_t n, std::size_t alignment) {
+    using platform_type = typename Upstream::stream_type::platform_type;
+    if (!stream) stream.emplace(device >= 0 ? device : platform_type::current_device());
+    const typename Upstream::stream_type on = stream->view();
+    void* p = custody::try_allocate(upstream, on, n, alignment);
+    if (p == nullptr) return nullptr;
+    try {
+        platform_type::synchronize(on);
+    } catch (...) {
+        upstream.deallocate(on, p, n, alignment);
+        throw;
+    }
+    return p;
+}
+
 /// The device `upstream`'s memory belongs to; -1 when it has none.
 template <class Upstream>
 [[nodiscard]] int device_of(const Upstream& upstream) {

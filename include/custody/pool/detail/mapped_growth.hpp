@@ -7,7 +7,9 @@
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/detail/memory_annotations.hpp>
+#include <custody/core/error.hpp>
 #include <custody/core/failure_callback.hpp>
+#include <custody/core/statistics.hpp>
 #include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/chunk_map.hpp>
 #include <custody/pool/detail/free_set.hpp>
@@ -25,20 +27,46 @@
 
 namespace custody::pool::detail {
 
-/// An upstream the pool can grow in by mapping: one reserved range (base(), reserved_bytes()) into
-/// which map_at maps and unmap_at unmaps granule-aligned parts (granularity()), as
-/// resource::virtual_memory does.
+/// An upstream the pool can grow in by mapping: the one owner of a reserved range
+/// (reserved_bytes(), granularity()), of which the pool claims a part (claim, unclaim) to map and
+/// unmap granule-aligned pieces of itself (map_at, unmap_at; is_mapped tells a granule that would
+/// not unmap), as resource::virtual_memory does. The rest of the range serves the upstream's own
+/// allocate (the pool's capture-private chunks, direct calls).
 template <class U>
 concept mapping_upstream = stream_ordered_resource<U> && requires(U& u, const U& cu, void* p, std::size_t n) {
+    { u.claim(n) } noexcept -> std::same_as<void*>;
+    { u.unclaim(p) } noexcept;
     { u.map_at(p, n) } -> std::same_as<bool>;
     { u.unmap_at(p, n) } noexcept -> std::same_as<bool>;
-    { cu.base() } -> std::convertible_to<void*>;
+    { cu.is_mapped(p) } -> std::same_as<bool>;
     { cu.reserved_bytes() } -> std::convertible_to<std::size_t>;
     { cu.granularity() } -> std::convertible_to<std::size_t>;
 };
 
-/// Growth by mapping, in the upstream's reserved range split into one region per block kind
-/// (mapped_space). The free sets hold mapped free memory only; blocks of one region coalesce
+/// The address space a pool claims of its upstream's reservation of `reserved` bytes (granule
+/// `granule`): the upper three quarters. The lower quarter is left to the upstream's own allocate,
+/// which serves the pool's capture-private chunks (announced to CUDA's tools as heaps of their own,
+/// apart from the pool's) and any direct call. With the default reservation, four times the
+/// device's memory, the pool's part holds three times what the device can map.
+[[nodiscard]] constexpr std::size_t arena_bytes(std::size_t reserved, std::size_t granule) noexcept {
+    return align_down(reserved - reserved / 4, granule);
+}
+
+/// Claims the pool's arena (arena_bytes) of `upstream`; throws out_of_memory when its range has no
+/// free part that large (the upstream handed it out already).
+template <mapping_upstream Upstream>
+[[nodiscard]] std::uintptr_t claim_arena(Upstream& upstream, int device) {
+    const std::size_t bytes = arena_bytes(upstream.reserved_bytes(), upstream.granularity());
+    void* p = bytes < 2 * upstream.granularity() ? nullptr : upstream.claim(bytes);
+    if (p == nullptr) {
+        throw out_of_memory(bytes, upstream.granularity(), device, resource_statistics{}, "stream_ordered_pool",
+                            "the upstream's range has no free part for the pool to grow in (three quarters of it)");
+    }
+    return reinterpret_cast<std::uintptr_t>(p);
+}
+
+/// Growth by mapping, in the part of the upstream's range the pool claims (claim_arena) split into
+/// one region per block kind (mapped_space). The free sets hold mapped free memory only; blocks of one region coalesce
 /// whatever was mapped when (free_block::chunk is the region's base), so there are no chunks.
 ///
 /// - **Growing** maps the fewest granules that make the block fit, beside the free memory they
@@ -51,7 +79,12 @@ concept mapping_upstream = stream_ordered_resource<U> && requires(U& u, const U&
 ///   does not remap every step while memory goes back to the device. trim() and the last resort
 ///   before out_of_memory unmap all of them.
 ///
-/// Invariant: reserved() = space().mapped() = the bytes the upstream mapped for the pool.
+/// - **A granule that would not unmap** (the upstream keeps it, reported) stays mapped in the
+///   bookkeeping too, withheld: in no free set, never mapped over, counted among the quarantined
+///   bytes until the pool ends.
+///
+/// Invariant: reserved() = space().mapped() = the bytes the upstream mapped for the pool;
+///   withheld_ = the bytes of the granules that would not unmap (mapped, in no free set).
 /// Thread safety: none of its own; the shared store calls it under its lock. Stream semantics:
 /// only memory in the shared sets (idle: no work uses it) is ever unmapped. Ownership: refers to
 /// the upstream, which owns the range and outlives it.
@@ -68,7 +101,8 @@ public:
     mapped_growth(Upstream& upstream, const pool_options& options, int device,
                   custody::detail::memory_annotations& annotations)
         : upstream_(upstream), budget_(upstream, options, device), annotations_(annotations),
-          space_(reinterpret_cast<std::uintptr_t>(upstream.base()), upstream.reserved_bytes(), upstream.granularity()),
+          space_(claim_arena(upstream, device), arena_bytes(upstream.reserved_bytes(), upstream.granularity()),
+                 upstream.granularity()),
           keep_(options.release_threshold) {
         for (block_kind k : block_kinds) chunks_.add(space_.region(k).address, space_.region(k).bytes, k);
     }
@@ -161,6 +195,7 @@ public:
         if (announced_) {
             for (block_kind k : block_kinds) annotations_.heap_returned(reinterpret_cast<void*>(space_.region(k).address));
         }
+        bool all = true;
         for (block_kind k : block_kinds) {
             std::vector<address_run> runs;
             try {
@@ -173,9 +208,10 @@ public:
                     space_.unmapping(k, r);
                 } catch (...) {
                 }
-                static_cast<void>(upstream_.unmap_at(reinterpret_cast<void*>(r.address), r.bytes));
+                all = upstream_.unmap_at(reinterpret_cast<void*>(r.address), r.bytes) && all;
             }
         }
+        if (all) upstream_.unclaim(reinterpret_cast<void*>(space_.region(block_kind::small).address));
     }
 
     /// The address range, the granule and the map and unmap calls, into `p`.
@@ -187,6 +223,7 @@ public:
         p.address_space_bytes = space_.region(block_kind::small).bytes + space_.region(block_kind::large).bytes;
         p.peak_address_span_bytes = space_.peak_span();
         p.map_granule = space_.granule();
+        p.quarantined_bytes += withheld_;
     }
 
 private:
@@ -244,10 +281,27 @@ private:
         }
     }
 
+    /// Unmaps `bytes` at `p` (already recorded as unmapped in space_). A granule that would not
+    /// unmap is withheld: recorded as mapped again, in no free set (withheld_, reported with the
+    /// quarantine), so that no growth maps over it.
     void unmap_now(void* p, std::size_t bytes) noexcept {
         ++unmap_calls_;
-        if (!upstream_.unmap_at(p, bytes)) {
-            report_failure("stream_ordered_pool: a granule could not be unmapped; the upstream keeps it");
+        if (upstream_.unmap_at(p, bytes)) return;
+        report_failure("stream_ordered_pool: a granule could not be unmapped; the upstream keeps it, and the pool "
+                       "never uses it again");
+        const auto base = reinterpret_cast<std::uintptr_t>(p);
+        for (std::uintptr_t g = base; g < base + bytes; g += space_.granule()) {
+            bool kept = true;
+            try {
+                kept = upstream_.is_mapped(reinterpret_cast<void*>(g));
+            } catch (...) {
+            }
+            if (!kept) continue;
+            try {
+                space_.mapping(space_.kind_of(g), address_run{g, space_.granule()});
+                withheld_ += space_.granule();
+            } catch (...) { // no host memory to record it: it stays out of the bookkeeping
+            }
         }
     }
 
@@ -260,6 +314,7 @@ private:
     std::size_t keep_; ///< release_threshold
     std::uint64_t map_calls_ = 0;
     std::uint64_t unmap_calls_ = 0;
+    std::size_t withheld_ = 0; ///< granules that would not unmap: mapped, never used again
 };
 
 } // namespace custody::pool::detail

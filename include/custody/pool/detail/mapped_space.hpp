@@ -23,10 +23,11 @@ struct address_run {
     std::size_t bytes = 0;
 };
 
-/// Bookkeeping of one reserved range split into two regions, the lower half for size-class blocks
-/// and the upper half for large ones (a long-lived small block never pins a granule that large
-/// blocks need), and of the granules mapped in each. It maps nothing itself: the store maps and
-/// unmaps, and tells it.
+/// Bookkeeping of one range (the pool's claim of its upstream's reservation) split into two
+/// regions, the lower quarter for size-class blocks and the upper three quarters for large ones (a
+/// long-lived small block never pins a granule that large blocks need; a single large block may
+/// take most of the range), and of the granules mapped in each. It maps nothing itself: the store
+/// maps and unmaps, and tells it.
 ///
 /// Invariants (g: the granule):
 ///   region(k) = [base_k, base_k + size_k), granule-aligned, the two disjoint
@@ -41,9 +42,9 @@ public:
     /// Over [base, base + bytes) (granule-aligned, at least two granules), granule `granule` (a
     /// power of two).
     mapped_space(std::uintptr_t base, std::size_t bytes, std::size_t granule) : granule_(granule) {
-        const std::size_t half = align_down(bytes / 2, granule);
-        regions_[block_kind::small] = {base, half};
-        regions_[block_kind::large] = {base + half, align_down(bytes - half, granule)};
+        const std::size_t quarter = std::max(granule, align_down(bytes / 4, granule));
+        regions_[block_kind::small] = {base, quarter};
+        regions_[block_kind::large] = {base + quarter, align_down(bytes - quarter, granule)};
         for (block_kind k : block_kinds) unmapped_[k].emplace(regions_[k].address, regions_[k].bytes);
     }
 
@@ -68,6 +69,7 @@ public:
     [[nodiscard]] std::optional<address_run> place(block_kind k, std::size_t size, std::size_t alignment,
                                                    Before&& free_before, After&& free_after) const {
         std::optional<address_run> best;
+        if (size > regions_[k].bytes || alignment > granule_) return best; // no run could hold it (nor overflow)
         const auto consider = [&](std::uintptr_t address, std::size_t bytes) {
             if (!best || bytes < best->bytes) best = address_run{address, bytes};
         };
@@ -80,11 +82,12 @@ public:
             if (const std::size_t need = align_up(first + size - start, granule_); need <= length) {
                 consider(start, need);
             }
+            if (first + size > end + after) continue; // not even bridging holds it
             const std::uintptr_t last = align_down(end + after - size, alignment); // the block's start, joined after
             if (last >= start) {
                 const std::uintptr_t from = align_down(last, granule_);
                 consider(from, end - from);
-            } else if (first + size <= end + after) {
+            } else {
                 consider(start, length); // bridging
             }
             if (best && best->bytes == granule_) break; // nothing maps less

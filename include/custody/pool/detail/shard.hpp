@@ -34,9 +34,11 @@ namespace custody::pool::detail {
 ///   `event` was recorded on this stream after they were given back, so once it completes they
 ///   are idle. Only covered blocks leave the shard for another stream (except after the pool
 ///   synchronized the device).
-///   1 <= to_record <= record_interval; to_record == record_interval => every block is covered
-///   uncovered_bytes = bytes given back since the last record
-///   counts.live_bytes and credit: see peak_counter
+///   1 <= to_record <= record_interval; uncovered_bytes = bytes given back since the last record;
+///   uncovered_bytes == 0 and to_record == record_interval => every block is covered
+///   record_limit = the bytes given back that make the stream record: the pool's record_bytes and
+///   record_share as they stood at the last record (a division kept off the common path)
+///   the stream's live bytes = credit.live() (counts.live_bytes is left 0: see peak_counter)
 ///   key != no_stream while the shard serves a stream; slow_users > 0 => it is not retired
 /// Thread safety: the pool takes `mutex` around every use; `key` changes only under it (a caller
 /// that found the shard by key checks it again there), and the table reads it without.
@@ -58,6 +60,7 @@ struct alignas(64) shard {
     peak_credit credit;
     std::size_t to_record;           ///< frees left before the next record
     std::size_t uncovered_bytes = 0; ///< bytes given back since the last record
+    std::size_t record_limit = SIZE_MAX; ///< uncovered bytes that make the stream record
     class_lists classes;             ///< free size-class blocks, and which of them are covered
     /// spans[small]: size-class blocks merged (coalesced); spans[large]: larger blocks, and the
     /// rests of the chunks of this stream's large blocks
@@ -72,7 +75,7 @@ struct alignas(64) shard {
     [[nodiscard]] std::size_t on_allocated(request r) noexcept {
         ++counts.allocations;
         counts.block_bytes += static_cast<std::int64_t>(r.size);
-        return charge(r.bytes);
+        return credit.charge(r.bytes);
     }
     /// The fast path's allocation: a block of `size` bytes from a class list for `bytes`; returns
     /// the live bytes its credit did not cover.
@@ -80,49 +83,51 @@ struct alignas(64) shard {
         cached -= size;
         ++counts.allocations;
         counts.block_bytes += static_cast<std::int64_t>(size);
-        counts.live_bytes += static_cast<std::int64_t>(bytes);
         return credit.charge(bytes);
     }
     /// The fast path's free: a block of `size` bytes for `bytes` pushed on a class list; true when
-    /// the event is due to be recorded (every record_interval frees, record_bytes given back, or
-    /// the stream giving back the last of what it holds: see stream_caches::give_back).
-    [[nodiscard, gnu::always_inline]] bool on_pushed(std::size_t size, std::size_t bytes, std::size_t record_bytes) noexcept {
-        const bool last = counts.live_bytes > 0 && counts.live_bytes <= static_cast<std::int64_t>(bytes);
+    /// the event is due to be recorded (every record_interval frees, or record_limit bytes given back).
+    [[nodiscard, gnu::always_inline]] bool on_pushed(std::size_t size, std::size_t bytes) noexcept {
         ++counts.deallocations;
         counts.block_bytes -= static_cast<std::int64_t>(size);
-        counts.live_bytes -= static_cast<std::int64_t>(bytes);
         credit.add(bytes);
-        return stored(size, record_bytes) || last;
+        return stored(size);
     }
     /// Adds `bytes` to the stream's live bytes; returns what its credit did not cover.
-    [[nodiscard]] std::size_t charge(std::size_t bytes) noexcept {
-        counts.live_bytes += static_cast<std::int64_t>(bytes);
-        return credit.charge(bytes);
-    }
+    [[nodiscard]] std::size_t charge(std::size_t bytes) noexcept { return credit.charge(bytes); }
     /// Counts `r` given back on this stream; its bytes become credit.
     void on_deallocated(request r) noexcept {
         ++counts.deallocations;
         counts.block_bytes -= static_cast<std::int64_t>(r.size);
-        counts.live_bytes -= static_cast<std::int64_t>(r.bytes);
         credit.add(r.bytes);
+    }
+    /// The stream's call counts, its live bytes among them.
+    [[nodiscard]] counters totals() const noexcept {
+        counters c = counts;
+        c.live_bytes = credit.live();
+        return c;
     }
 
     // ---- covering ----
 
     /// Some block was given back since the last record.
-    [[nodiscard]] bool dirty(std::size_t record_interval) const noexcept { return to_record != record_interval; }
+    [[nodiscard]] bool dirty(std::size_t record_interval) const noexcept {
+        return uncovered_bytes != 0 || to_record != record_interval;
+    }
     /// Counts a block of `size` bytes stored; true when the event is due to be recorded.
-    [[nodiscard]] bool stored(std::size_t size, std::size_t record_bytes) noexcept {
+    [[nodiscard, gnu::always_inline]] bool stored(std::size_t size) noexcept {
         cached += size;
         uncovered_bytes += size;
-        return --to_record == 0 || uncovered_bytes >= record_bytes;
+        return --to_record == 0 || uncovered_bytes >= record_limit;
     }
-    /// The event was just recorded on the stream: every block held is covered.
-    void on_recorded(std::size_t record_interval) noexcept {
+    /// The event was just recorded on the stream: every block held is covered; the next record
+    /// comes after `limit` more bytes given back (or record_interval frees).
+    void on_recorded(std::size_t record_interval, std::size_t limit) noexcept {
         classes.on_record();
         recent.cover();
         to_record = record_interval;
         uncovered_bytes = 0;
+        record_limit = limit;
     }
 
     // ---- taking ----
@@ -212,6 +217,7 @@ struct alignas(64) shard {
     /// Makes an empty, retired shard serve stream `k` (its lock held).
     void serve(std::uintptr_t k, std::size_t record_interval) noexcept {
         counts = {};
+        credit = {};
         to_record = record_interval;
         uncovered_bytes = 0;
         key.store(k, std::memory_order_release);

@@ -29,15 +29,17 @@
 
 namespace custody::pool::detail {
 
-/// The streams' caches of a pool over `Upstream`, and what moves between them and the pool's
-/// shared store.
+template <stream_ordered_resource Upstream>
+class seam;
+
+/// The streams' caches of a pool over `Upstream` (the pool's front): a shard per stream, found
+/// without a lock, and each stream's own reuse; what moves between streams is seam.hpp's.
 ///
 /// Stream semantics: a block given back on stream s is reusable at once on s. It is covered once
 /// s's event is recorded after it (every record_interval frees or record_bytes bytes given back on
-/// s, and before s's blocks move into its spans); a covered block may leave s once the event has
-/// completed (drain_completed), behind a stream wait on the event (take_with_dependency), or after
-/// a host wait on it (reclaim). Blocks not yet covered leave only after the device is synchronized
-/// (reclaim). Only s's own calls record on s, so a destroyed stream never sees a record.
+/// s, and before s's blocks move into its spans); only covered blocks leave s for another stream,
+/// as the seam decides (seam.hpp), unless the device was synchronized. Only s's own calls record on
+/// s, so a destroyed stream never sees a record.
 /// Thread safety: thread-safe; each shard's lock guards it; no shard's lock is held while the
 /// store's is taken. Ownership: owns the shards and their events; refers to the store and the
 /// activity counters of its pool, which outlive it.
@@ -48,12 +50,17 @@ public:
     using platform_type = typename stream_type::platform_type;
     using shard = detail::shard<typename platform_type::event>;
 
+    template <stream_ordered_resource>
+    friend class seam; // the rules that move blocks between streams use the shards and covering
+
     /// For a pool of `device` (-1: none) with validated `options`. Creates options.initial_events
     /// events (on `device`, or the current one), and throws what creating them throws.
     stream_caches(const pool_options& options, int device, shared_store<Upstream>& store, activity_counters& activity,
                   peak_counter& peak)
         : record_interval_(options.record_interval), record_bytes_(options.record_bytes),
-          record_share_(options.record_share), device_(device),
+          record_share_(options.record_share),
+          release_threshold_(store.map_granule() == 0 ? SIZE_MAX : options.release_threshold),
+          device_(device),
           events_(device >= 0 ? device : platform_type::current_device(), options.initial_events, options.event_batch),
           table_(options.max_streams), store_(store), activity_(activity), peak_(peak) {}
     stream_caches(const stream_caches&) = delete;
@@ -147,13 +154,19 @@ private:
                                         " used with a pool of device " + std::to_string(device_));
         }
         const auto make = [&](shard* reuse) {
-            if (reuse == nullptr) return std::make_unique<shard>(key, events_.acquire(), record_interval_).release();
+            if (reuse == nullptr) {
+                auto made = std::make_unique<shard>(key, events_.acquire(), record_interval_);
+                made->record_limit = record_threshold();
+                for (auto& set : made->spans) set.count_whole(store_.map_granule()); // what release_granules reads
+                return made.release();
+            }
             std::lock_guard lock(reuse->mutex);
             reuse->serve(key, record_interval_);
+            reuse->record_limit = record_threshold();
             return reuse;
         };
         if (shard* sh = table_.find_or_create(key, make)) return sh;
-        if (retire_idle() == 0) return nullptr;
+        if (retire_idle(false) == 0 && retire_idle(true) == 0) return nullptr;
         return table_.find_or_create(key, make);
     }
 
@@ -165,27 +178,46 @@ public:
     /// their blocks go to the shared set, their counts to the pool's totals, their credit back to
     /// the peak counter, and the shard serves the next new stream (a live stream whose shard went
     /// gets another at its next call). Runs when every shard serves a stream, so that streams
-    /// created and destroyed without end keep shards, without a host wait. Returns the shards
-    /// retired.
-    std::size_t retire_idle() {
+    /// created and destroyed without end keep shards. With `synchronizing` (when none was idle so:
+    /// their streams gave blocks back since they last recorded, and only a stream's own calls
+    /// record on it, for it may be gone), it synchronizes the device first and retires the shards
+    /// that were given nothing back meanwhile: a host wait, only when max_streams streams hold
+    /// blocks their events do not cover. Returns the shards retired.
+    std::size_t retire_idle(bool synchronizing) {
         std::lock_guard sweep(sweep_mutex_);
         // An event query must not break a capture another thread has open (it touches nothing of it).
         const basic_capture_mode_guard<platform_type> relaxed(capture_mode::relaxed);
+        std::vector<std::uint64_t> frees; // with `synchronizing`: each shard's frees before the wait
+        if (synchronizing) {
+            frees.reserve(table_.size());
+            table_.for_each([&](shard& sh) {
+                std::lock_guard lock(sh.mutex);
+                if (frees.size() < frees.capacity()) frees.push_back(sh.counts.deallocations);
+            });
+            try {
+                synchronize_devices();
+            } catch (...) {
+                report_failure("stream_ordered_pool: synchronizing the device to retire a stream's shard failed");
+                return 0;
+            }
+        }
         std::size_t retired = 0;
+        std::size_t index = 0;
         table_.for_each([&](shard& sh) {
+            const std::size_t i = index++;
             std::vector<free_block> blocks;
             std::uintptr_t key = shard::no_stream;
             {
                 std::lock_guard lock(sh.mutex);
                 key = sh.key.load(std::memory_order_relaxed);
-                if (key == shard::no_stream || sh.slow_users != 0 || sh.dirty(record_interval_) ||
-                    !sh.recent.all_covered() || !idle(sh.event)) {
-                    return;
-                }
+                const bool all_idle = synchronizing ? i < frees.size() && frees[i] == sh.counts.deallocations
+                                                    : !sh.dirty(record_interval_) && sh.recent.all_covered() && idle(sh.event);
+                if (key == shard::no_stream || sh.slow_users != 0 || !all_idle) return;
                 blocks = sh.take_blocks(which_blocks::all, record_interval_); // may throw: nothing taken
-                retired_ += sh.counts;
-                peak_.release(sh.credit.take_all());
+                retired_ += sh.totals();
+                peak_.release(sh.credit.take_all()); // its live bytes stay counted, in retired_
                 sh.counts = {};
+                sh.credit = {};
                 sh.key.store(shard::no_stream, std::memory_order_release);
             }
             store_.insert_runs(blocks);
@@ -215,13 +247,34 @@ public:
         {
             std::lock_guard lock(sh.mutex);
             if (!sh.serves(key)) [[unlikely]] return false;
-            const bool last = sh.counts.live_bytes > 0 && sh.counts.live_bytes <= static_cast<std::int64_t>(r.bytes);
             stored = store_in(sh, stream, address, r);
-            if (stored && (sh.stored(r.size, record_threshold()) || last)) [[unlikely]] cover(sh, stream);
+            if (stored && sh.stored(r.size)) [[unlikely]] cover(sh, stream);
             sh.on_deallocated(r);
         }
         if (!stored) store_.lose(r.size);
+        if (release_threshold_ != SIZE_MAX && !r.small()) [[unlikely]] release_granules(sh, stream, key);
         return true;
+    }
+
+    /// For a pool that maps with a release threshold (pool_options::release_threshold): the wholly
+    /// free granules the stream holds beyond the threshold go back to the device as its large blocks
+    /// come back, once its event says that no work uses them. The event the stream recorded last
+    /// is asked first (its covered blocks go if it has completed), then recorded again when blocks
+    /// came back since, so that a busy stream's memory goes at its next large free after the work.
+    [[gnu::noinline]] void release_granules(shard& sh, stream_type stream, std::uintptr_t key) noexcept {
+        const std::size_t unit = store_.map_granule();
+        std::vector<address_run> runs;
+        {
+            std::lock_guard lock(sh.mutex);
+            if (!sh.serves(key)) return;
+            if (idle(sh.event)) {
+                sh.merge_recent(sh.recent.covered(), store_.chunks());
+                const std::size_t whole = sh.spans[block_kind::small].whole_bytes() + sh.spans[block_kind::large].whole_bytes();
+                if (whole > release_threshold_) take_granules(sh, unit, whole - release_threshold_, runs);
+            }
+            if (sh.dirty(record_interval_) || !sh.recent.all_covered()) static_cast<void>(cover(sh, stream));
+        }
+        store_.unmap_idle(runs);
     }
 
     /// The fast path's free: a block of size class `c` given back for `bytes` on the stream whose
@@ -234,7 +287,7 @@ public:
             sh.mutex.unlock();
             return false;
         }
-        if (sh.on_pushed(class_size(c), bytes, record_threshold())) [[unlikely]] cover(sh, stream);
+        if (sh.on_pushed(class_size(c), bytes)) [[unlikely]] cover(sh, stream);
         sh.mutex.unlock();
         return true;
     }
@@ -267,7 +320,7 @@ public:
         // form runs that go into the tree as one block: one insert per run, not per block.
         std::vector<free_block> blocks;
         blocks.reserve(count); // may throw: nothing has moved yet
-        if (sh.dirty(record_interval_)) cover(sh, stream);
+        if (sh.dirty(record_interval_) && !cover(sh, stream)) return false;
         sh.merge_classes(blocks, store_.chunks(), [&](std::size_t size) { store_.lose(size); });
         return true;
     }
@@ -276,7 +329,7 @@ public:
     /// covered (its lock held).
     void merge_recent(shard& sh, stream_type stream) noexcept {
         if (sh.recent.empty()) return;
-        if (!sh.recent.all_covered()) cover(sh, stream);
+        if (!sh.recent.all_covered() && !cover(sh, stream)) return;
         sh.merge_recent(sh.recent.size(), store_.chunks());
     }
 
@@ -369,193 +422,28 @@ public:
         return reinterpret_cast<void*>(t.block.address);
     }
 
-    // ---- other streams' caches ----
-
-    /// Moves the blocks `which` means (covered, or idle: see class_lists) of other streams whose
-    /// event has completed to the shared set. True when anything moved. Never waits.
-    bool drain_completed(const shard* self, which_blocks which) {
-        bool moved = false;
-        table_.for_each([&](shard& other) {
-            if (&other == self) return;
-            std::vector<free_block> blocks;
-            {
-                std::lock_guard lock(other.mutex);
-                if (other.cached == 0 || !other.event.ready()) return;
-                blocks = other.take_blocks(which, record_interval_);
-            }
-            if (blocks.empty()) return;
-            store_.insert_runs(blocks);
-            activity_counters::count(activity_.opportunistic_reuses);
-            moved = true;
-        });
-        return moved;
-    }
-
-    /// Moves every covered block of other streams into this stream's cache behind a stream wait on
-    /// each one's event (no host synchronization but for the default stream, see wait_for), then
-    /// records this stream's event so that they are covered here too: other streams' free memory
-    /// becomes this stream's at once, whatever its sizes. True when any moved.
-    bool adopt_covered(stream_type stream, shard& self) {
-        std::vector<free_block> adopted;
-        table_.for_each([&](shard& other) {
-            if (&other == &self) return;
-            std::vector<free_block> blocks;
-            {
-                std::lock_guard lock(other.mutex);
-                if (other.cached == 0 || other.cached == other.uncovered_bytes) return;
-                blocks = other.take_blocks(which_blocks::covered, record_interval_); // may throw: nothing taken
-                if (blocks.empty()) return;
-                try {
-                    wait_for(stream, other.event);
-                } catch (...) {
-                    for (const auto& b : blocks) store_.quarantine(b.size); // their work may still run
-                    throw;
-                }
-            }
-            activity_counters::count(activity_.dependency_waits);
-            try {
-                adopted.insert(adopted.end(), blocks.begin(), blocks.end());
-            } catch (const std::bad_alloc&) {
-                for (const auto& b : blocks) store_.lose(b.size);
-            }
-        });
-        if (adopted.empty()) return false;
-        std::size_t bytes = 0;
-        for (const auto& b : adopted) bytes += b.size;
-        std::lock_guard lock(self.mutex);
-        self.cached += bytes - store_.chunks().insert_runs(adopted, self.spans, [&](std::size_t size) { store_.lose(size); });
-        cover(self, stream); // the spans hold covered blocks only
-        return true;
-    }
-
-    /// When other streams' caches hold at least `need` covered bytes, waits on the host for the
-    /// event of the one holding the most (not at all when it has completed) and moves its covered
-    /// blocks to the shared set: the pool does not grow while another stream's finished work holds
-    /// the memory it needs (a host wait, counted, under the policies that make no stream wait).
-    /// Throws what the wait throws (the blocks are then quarantined). True when any moved.
-    bool release_largest(const shard* self, std::size_t need) {
-        shard* largest = nullptr;
-        std::size_t most = 0;
-        table_.for_each([&](shard& other) {
-            if (&other == self) return;
-            std::lock_guard lock(other.mutex);
-            const std::size_t covered = other.cached - std::min(other.cached, other.uncovered_bytes);
-            if (covered > most) {
-                most = covered;
-                largest = &other;
-            }
-        });
-        if (largest == nullptr || most < need) return false;
-        std::vector<free_block> blocks;
-        {
-            std::lock_guard lock(largest->mutex);
-            blocks = largest->take_blocks(which_blocks::covered, record_interval_);
-            if (blocks.empty()) return false;
-            if (!largest->event.ready()) {
-                try {
-                    largest->event.synchronize();
-                } catch (...) {
-                    for (const auto& b : blocks) store_.quarantine(b.size);
-                    throw;
-                }
-                activity_counters::count(activity_.host_waits);
-            }
-        }
-        store_.insert_runs(blocks);
-        activity_counters::count(activity_.opportunistic_reuses);
-        return true;
-    }
-
-    /// Moves every stream's cache to the shared set once its blocks are idle: a stream whose
-    /// blocks are all covered is waited for through its event, the others through one
-    /// synchronization of the device (their streams may be gone; the device has their work).
-    /// Throws what the platform's waits throw (the blocks taken are then quarantined).
-    void reclaim() {
-        std::vector<std::vector<free_block>> taken;
-        taken.reserve(table_.size()); // no allocation once blocks are out
-        bool uncovered = false;
-        table_.for_each([&](shard& sh) {
-            if (taken.size() == taken.capacity()) return; // a shard created during the reclaim
-            std::lock_guard lock(sh.mutex);
-            if (sh.cached == 0) return;
-            if (!sh.dirty(record_interval_)) {
-                sh.event.synchronize();
-            } else {
-                uncovered = true;
-            }
-            taken.push_back(sh.take_blocks(which_blocks::all, record_interval_));
-        });
-        if (uncovered) {
-            try {
-                synchronize_devices();
-            } catch (...) {
-                // Their work may still be running: they are never reused.
-                for (const auto& blocks : taken) {
-                    for (const auto& b : blocks) store_.quarantine(b.size);
-                }
-                throw;
-            }
-        }
-        for (auto& blocks : taken) store_.insert_runs(blocks);
-    }
-
-    // ---- idle memory, for a pool that maps ----
-
-    /// Before the pool maps more for this stream: its own spans go to the shared set once idle (its
-    /// event, recorded now when some blocks are not covered, has completed), where growth joins
-    /// them to the granules it maps beside them and unmaps those it cannot use. Idle memory may go
-    /// to any stream: no work uses it.
-    void release_own_idle(stream_type stream, shard& self) {
-        if (store_.map_granule() == 0) return;
-        std::vector<free_block> blocks;
-        {
-            std::lock_guard lock(self.mutex);
-            if (self.spans[block_kind::small].empty() && self.spans[block_kind::large].empty() && self.recent.empty()) return;
-            if (self.dirty(record_interval_) || !self.recent.all_covered()) cover(self, stream);
-            if (!idle(self.event)) return;
-            self.merge_recent(self.recent.size(), store_.chunks());
-            blocks.reserve(self.spans[block_kind::small].count() + self.spans[block_kind::large].count()); // may throw
-            for (block_kind kind : block_kinds) {
-                self.spans[kind].drain([&](free_block b) {
-                    b.kind = kind;
-                    blocks.push_back(b);
-                    self.cached -= b.size;
-                });
-            }
-        }
-        store_.insert_runs(blocks);
-    }
-
-    /// Unmaps up to `want` bytes (rounded up to granules) of whole granules that other streams'
-    /// caches hold idle: the covered blocks of a stream whose event has completed. Unmapping is not
-    /// reuse: it gives memory no work uses back to the device, under every reuse policy. Returns the
-    /// bytes.
-    std::size_t unmap_idle(const shard* self, std::size_t want) {
-        const std::size_t unit = store_.map_granule();
-        if (want == 0 || unit == 0) return 0;
-        std::vector<address_run> runs;
+private:
+    /// Takes up to `want` bytes (rounded up to granules of `unit`) of whole granules out of the
+    /// spans of `sh` (its lock held; its event completed) into `runs`; returns the bytes. Stops
+    /// early when there is no host memory for `runs`.
+    std::size_t take_granules(shard& sh, std::size_t unit, std::size_t want, std::vector<address_run>& runs) noexcept {
         std::size_t done = 0;
-        table_.for_each([&](shard& sh) {
-            if (done >= want || &sh == self) return;
-            std::lock_guard lock(sh.mutex);
-            if (sh.cached < unit || !idle(sh.event)) return;
-            sh.merge_recent(sh.recent.covered(), store_.chunks());
-            for (auto& set : sh.spans) {
-                if (done >= want) break;
-                try {
-                    runs.reserve(runs.size() + set.count()); // at most a run per block
-                } catch (const std::bad_alloc&) {
-                    return;
-                }
-                const std::size_t n = set.take_whole(unit, want - done, [](const free_block&) { return false; },
-                                                     [&](std::uintptr_t a, std::size_t bytes) { runs.push_back({a, bytes}); });
-                sh.cached -= n;
-                done += n;
+        for (auto& set : sh.spans) {
+            if (done >= want) break;
+            try {
+                runs.reserve(runs.size() + set.count()); // at most a run per block
+            } catch (const std::bad_alloc&) {
+                break;
             }
-        });
-        store_.unmap_idle(runs);
+            const std::size_t n = set.take_whole(unit, want - done, [](const free_block&) { return false; },
+                                                 [&](std::uintptr_t a, std::size_t bytes) { runs.push_back({a, bytes}); });
+            sh.cached -= n;
+            done += n;
+        }
         return done;
     }
+
+public:
 
     // ---- every stream ----
 
@@ -571,7 +459,7 @@ public:
     void add_to(pool_statistics& p, counters& c) const {
         table_.for_each([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
-            c += sh.counts;
+            c += sh.totals();
             if (sh.key.load(std::memory_order_relaxed) == shard::no_stream) return; // retired
             p.per_stream.push_back({sh.key.load(std::memory_order_relaxed), sh.cached});
             p.stream_cached_bytes += sh.cached;
@@ -581,9 +469,16 @@ public:
 
 private:
     /// Records the shard's event on its stream (its lock held), so that it covers every block the
-    /// shard holds. If the record fails, the stream is synchronized instead (the blocks are then
-    /// idle), and the failure reported.
-    [[gnu::noinline]] void cover(shard& sh, stream_type stream) noexcept {
+    /// shard holds; true when it does. If the record fails, the stream is synchronized instead (the
+    /// blocks are then idle), and the failure reported. On a stream being captured (a capture the
+    /// pool was not told of: it asks the platform, once per record) nothing is recorded and false is
+    /// returned: an event recorded inside a capture cannot be queried nor waited for by other streams
+    /// until it is recorded again, and the blocks stay with their stream meanwhile.
+    [[gnu::noinline]] bool cover(shard& sh, stream_type stream) noexcept {
+        if (capturing(stream)) [[unlikely]] {
+            if (sh.to_record == 0) sh.to_record = 1; // counts on from the next free
+            return false;
+        }
         try {
             sh.event.record(stream);
         } catch (...) {
@@ -594,7 +489,18 @@ private:
                 report_failure("stream_ordered_pool: recording a stream's event and synchronizing the stream failed");
             }
         }
-        sh.on_recorded(record_interval_);
+        sh.on_recorded(record_interval_, record_threshold());
+        return true;
+    }
+
+    /// Whether `stream` is being captured into a graph; true when the platform cannot tell (a
+    /// legacy stream while a blocking stream captures answers with an error).
+    static bool capturing(stream_type stream) noexcept {
+        try {
+            return platform_type::is_capturing(stream);
+        } catch (...) {
+            return true;
+        }
     }
 
     /// Puts a block into its class list, or among the recent large blocks (its lock held). False
@@ -611,7 +517,8 @@ private:
     /// store_in for a large block: among the recent ones (out of line: a tree insert may follow).
     [[gnu::noinline]] bool store_large(shard& sh, stream_type stream, std::uintptr_t address, std::size_t size) noexcept {
         try {
-            if (sh.recent.full() && sh.recent.covered() == 0) cover(sh, stream); // the spans hold covered blocks only
+            // The spans hold covered blocks only.
+            if (sh.recent.full() && sh.recent.covered() == 0 && !cover(sh, stream)) return false;
             sh.keep_recent({address, size, 0}, store_.chunks()); // its chunk is looked up when it leaves recent
             return true;
         } catch (const std::bad_alloc&) {
@@ -627,14 +534,14 @@ private:
             return false;
         }
     }
-
-    /// Makes `stream` wait for `e`: a stream wait, or a host wait for the default stream, whose
-    /// memory (the synchronous pair's) is usable at once by the host and by every stream.
-    static void wait_for(stream_type stream, const typename platform_type::event& e) {
-        if (stream == stream_type{}) {
-            e.synchronize();
-        } else {
-            platform_type::wait(stream, e);
+    /// Whether `e` can be queried and waited for: not last recorded inside a capture the pool was
+    /// not told of (which would throw out of another stream's allocation).
+    static bool usable(const typename platform_type::event& e) noexcept {
+        try {
+            static_cast<void>(e.ready());
+            return true;
+        } catch (...) {
+            return false;
         }
     }
 
@@ -658,6 +565,7 @@ private:
     std::size_t record_interval_; ///< >= 1
     std::size_t record_bytes_;
     std::size_t record_share_; ///< 0: record_bytes alone
+    std::size_t release_threshold_; ///< pool_options::release_threshold for a pool that maps; SIZE_MAX otherwise
     int device_;
     event_pool<platform_type> events_;
     stream_table<shard> table_;

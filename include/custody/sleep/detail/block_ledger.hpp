@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -22,11 +21,6 @@
 namespace custody::sleep::detail {
 
 using owner_id = debug::owner_id;
-
-/// The owner a sleep or wake names: debug::untagged_owner (or "") is memory allocated without one.
-[[nodiscard]] inline owner_id owner_named(std::string_view name) {
-    return name == debug::untagged_owner ? nullptr : debug::intern_owner(name);
-}
 
 /// A stream a block was used on, and the device it belongs to (the default stream is the current
 /// device's when it is used, which may not be when it is waited for).
@@ -37,7 +31,8 @@ struct stream_use {
     friend bool operator==(const stream_use&, const stream_use&) = default;
 };
 
-/// One live block: an address range of its own and what it was used for.
+/// One live block: an address range of its own and what it was used for. `Owner`: what names its
+/// owner (owner_id; a test may count the comparisons through a type of its own).
 ///
 /// Invariants: 0 < bytes <= span() (bytes rounded up to whole granules);
 ///   uses distinct, uses[0] the stream it was allocated on, then the streams recorded for it;
@@ -47,11 +42,12 @@ struct stream_use {
 ///                   failed; or, offloaded without a backup, its contents are kept in place);
 ///                   offloaded, not mapped => backup != nullptr;
 ///   every kept span lies within [0, bytes).
-template <class Range, class Stream>
+template <class Range, class Stream, class Owner = owner_id>
 struct block {
+    using owner_type = Owner;
     std::unique_ptr<Range> range;
     std::size_t bytes = 0;
-    owner_id owner = nullptr;
+    Owner owner{};
     std::vector<stream_use<Stream>> uses;
     std::byte* backup = nullptr;
     std::vector<kept_bytes> kept; ///< what a discard keeps, in the order the layers above asked
@@ -67,6 +63,27 @@ template <class Block>
     for (const Block* b : blocks) n += b->range->mapped_bytes();
     return n;
 }
+
+/// The owners a sleep or a wake names, each with its place in the request (its slot): a block's
+/// owner is found among them in O(1), so that matching n blocks to k owners costs O(n + k).
+/// Not thread-safe.
+template <class Owner>
+class owner_slots {
+public:
+    static constexpr std::size_t none = SIZE_MAX;
+
+    /// Gives `owner` the next slot; false, adding nothing, when it has one already. Throws std::bad_alloc.
+    bool add(const Owner& owner) { return slots_.emplace(owner, slots_.size()).second; }
+    /// `owner`'s slot, or none.
+    [[nodiscard]] std::size_t find(const Owner& owner) const {
+        const auto it = slots_.find(owner);
+        return it == slots_.end() ? none : it->second;
+    }
+    [[nodiscard]] std::size_t size() const noexcept { return slots_.size(); }
+
+private:
+    std::unordered_map<Owner, std::size_t> slots_; ///< values 0 .. size()-1, each once
+};
 
 /// An owner's sleep state and its share of the blocks.
 /// Invariants: blocks = #{b : b.owner = o}; bytes = sum of their bytes; span_bytes = sum of their spans.
@@ -87,23 +104,24 @@ struct owner_state {
 ///   withheld_bytes_ = sum of mapped bytes of withheld_ (at the time each was withheld)
 ///   offloaded_bytes_ = sum of b.bytes over blocks with a backup
 ///   stats_.sleeping_owners = #{o : o.asleep}
-/// Complexity: add, find and take O(log n) in the n live blocks; blocks_of O(n).
-template <class Range, class Stream>
+/// Complexity: add, find and take O(log n) in the n live blocks; owners O(1); blocks_of O(n).
+template <class Range, class Stream, class Owner = owner_id>
 class block_ledger {
 public:
-    using block_type = block<Range, Stream>;
+    using owner_type = Owner;
+    using block_type = block<Range, Stream, Owner>;
 
     /// The state of `owner`, made (awake, no blocks) if it has none yet. Throws std::bad_alloc.
-    owner_state& owner(owner_id id) { return owners_[id]; }
-    [[nodiscard]] owner_state* find_owner(owner_id id) noexcept {
+    owner_state& owner(const Owner& id) { return owners_[id]; }
+    [[nodiscard]] owner_state* find_owner(const Owner& id) noexcept {
         const auto it = owners_.find(id);
         return it == owners_.end() ? nullptr : &it->second;
     }
-    [[nodiscard]] const owner_state* find_owner(owner_id id) const noexcept {
+    [[nodiscard]] const owner_state* find_owner(const Owner& id) const noexcept {
         const auto it = owners_.find(id);
         return it == owners_.end() ? nullptr : &it->second;
     }
-    [[nodiscard]] bool asleep(owner_id id) const noexcept {
+    [[nodiscard]] bool asleep(const Owner& id) const noexcept {
         const owner_state* o = find_owner(id);
         return o != nullptr && o->asleep;
     }
@@ -158,11 +176,11 @@ public:
         return b;
     }
 
-    /// The live blocks of `owners`, in address order. Throws std::bad_alloc.
-    [[nodiscard]] std::vector<block_type*> blocks_of(const std::vector<owner_id>& owners) {
+    /// The live blocks of `owners`, in address order. O(n) in the live blocks. Throws std::bad_alloc.
+    [[nodiscard]] std::vector<block_type*> blocks_of(const owner_slots<Owner>& owners) {
         std::vector<block_type*> found;
         for (auto& [key, b] : blocks_) {
-            if (std::find(owners.begin(), owners.end(), b.owner) != owners.end()) found.push_back(&b);
+            if (owners.find(b.owner) != owner_slots<Owner>::none) found.push_back(&b);
         }
         return found;
     }
@@ -257,7 +275,7 @@ public:
     }
 
     /// `id`'s share: its blocks are scanned for what they map and hold offloaded.
-    [[nodiscard]] owner_memory owner_totals(owner_id id) const noexcept {
+    [[nodiscard]] owner_memory owner_totals(const Owner& id) const noexcept {
         owner_memory m;
         const owner_state* o = find_owner(id);
         if (o == nullptr) return m;
@@ -277,7 +295,7 @@ public:
 private:
     std::map<std::uintptr_t, block_type> blocks_;     ///< base address -> block
     std::vector<std::unique_ptr<Range>> withheld_;     ///< freed ranges that would not unmap
-    std::unordered_map<owner_id, owner_state> owners_; ///< never erased: an owner's state outlives its blocks
+    std::unordered_map<Owner, owner_state> owners_;    ///< never erased: an owner's state outlives its blocks
     std::size_t live_bytes_ = 0;
     std::size_t peak_live_bytes_ = 0;
     std::size_t mapped_bytes_ = 0;

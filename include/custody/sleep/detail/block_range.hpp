@@ -61,8 +61,10 @@ std::vector<int> checked_peers(int device, const std::vector<int>& asked) {
 ///
 /// map() either maps the whole range with the access of `access` or changes nothing (false when the
 /// device has no memory, a throw otherwise; the one exception: a failed map whose own undo cannot
-/// unmap keeps the memory mapped, reported, rather than release memory still mapped). unmap() gives
-/// the memory back at once, or keeps it mapped when the platform refuses (reported).
+/// unmap keeps the memory mapped, reported, rather than release memory still mapped: the range is
+/// then mapped but not usable, its access unknown, and nothing is copied into it until a later
+/// map() has unmapped it and mapped it anew). unmap() gives the memory back at once, or keeps it
+/// mapped when the platform refuses (reported).
 /// Not thread-safe: the resource serializes the calls. No stream semantics: the caller makes sure
 /// no work uses a range it unmaps. Owns the range and the memory mapped into it; destruction
 /// unmaps and releases it, then frees the range (kept, and reported, if it would not unmap).
@@ -91,32 +93,42 @@ public:
     [[nodiscard]] void* base() const noexcept { return base_; }
     [[nodiscard]] std::size_t span() const noexcept { return span_; }
     [[nodiscard]] bool is_mapped() const noexcept { return memory_.has_value(); }
+    /// Mapped with the access of access(): what may be read and written. A mapped range whose map
+    /// failed half way (its undo would not unmap) is not.
+    [[nodiscard]] bool is_usable() const noexcept { return memory_.has_value() && usable_; }
     /// Physical memory held: span() when mapped, else 0.
     [[nodiscard]] std::size_t mapped_bytes() const noexcept { return memory_ ? span_ : 0; }
     /// The devices that can access the memory when it is mapped, the owner first.
     [[nodiscard]] const std::vector<int>& access() const noexcept { return access_; }
 
-    /// Maps memory over the whole range, accessible to access(). Precondition: not mapped.
+    /// Maps memory over the whole range, accessible to access(); false, changing nothing, when the
+    /// device has no memory for it (create finds none, or a platform that commits memory at map or
+    /// set_access throws out_of_memory there). A range a failed map left mapped but not usable is
+    /// unmapped first: custody::error when it still will not. Precondition: !is_usable().
     [[nodiscard]] bool map() {
+        if (!unmap()) throw error("custody: sleepable_memory: a block whose failed map left it mapped will not unmap");
         const std::optional<handle> h = Vmm::create(device_, span_, false);
         if (!h) return false;
         try {
             Vmm::map(base_, span_, *h);
+        } catch (const out_of_memory&) {
+            Vmm::release(*h);
+            return false;
         } catch (...) {
             Vmm::release(*h);
             throw;
         }
         try {
             Vmm::set_access(base_, span_, std::span<const int>(access_));
+        } catch (const out_of_memory&) {
+            undo_map(*h);
+            return false;
         } catch (...) {
-            if (Vmm::unmap(device_, base_, span_)) {
-                Vmm::release(*h);
-            } else {
-                memory_ = h; // still mapped: kept, so that it is unmapped later rather than lost
-            }
+            undo_map(*h);
             throw;
         }
         memory_ = h;
+        usable_ = true;
         return true;
     }
 
@@ -137,16 +149,28 @@ public:
         if (std::find(access_.begin(), access_.end(), peer) != access_.end()) return;
         std::vector<int> access = access_;
         access.push_back(peer);
-        if (memory_) Vmm::set_access(base_, span_, std::span<const int>(access));
+        if (is_usable()) Vmm::set_access(base_, span_, std::span<const int>(access));
         access_ = std::move(access);
     }
 
 private:
+    /// After a failed set_access: unmaps and releases `h`, or, when it will not unmap, keeps it
+    /// (mapped, not usable), so that it is unmapped later rather than released while mapped.
+    void undo_map(handle h) noexcept {
+        if (Vmm::unmap(device_, base_, span_)) {
+            Vmm::release(h);
+        } else {
+            memory_ = h;
+            usable_ = false;
+        }
+    }
+
     int device_;
     std::size_t span_;                 ///< span_ % Vmm::granularity(device_) == 0
     void* base_ = nullptr;             ///< [base_, base_ + span_) reserved
     std::vector<int> access_;          ///< access_[0] == device_; no duplicates
     std::optional<handle> memory_;     ///< engaged iff mapped over the whole range
+    bool usable_ = false;              ///< with memory_: its access is access_ (false: a failed map's, unknown)
 };
 
 } // namespace custody::sleep::detail
