@@ -6,6 +6,7 @@
 // snapshot and the MemPool backings have files of their own.
 #include "custody_torch_allocator.h"
 #include "plugin_state.hpp"
+#include "python_frames.hpp"
 
 #include <custody/debug/json_report.hpp>
 #include <custody/debug/owner_scope.hpp>
@@ -237,6 +238,7 @@ CUSTODY_EXPORT int custody_configure(const char* name, uint64_t value) {
         o.tracking.store(value != 0);
     } else if (key == "stacks") {
         o.stacks.store(value != 0);
+        if (value != 0) static_cast<void>(install_python_frames()); // Python frames, in a Python process
     } else if (key == "chunked") {
         o.chunked.store(value != 0);
     } else {

@@ -16,7 +16,7 @@ import threading
 from . import _owners
 
 __all__ = ["CustodyError", "OutOfMemoryError", "Library", "library", "library_path", "library_choice",
-           "check_integer", "check_text"]
+           "cuda_build_location", "check_integer", "check_text"]
 
 _HERE = pathlib.Path(__file__).resolve().parent
 _CUDA_NAME, _HOST_NAME = "libcustody_torch_allocator.so", "libcustody_torch_allocator_host.so"
@@ -46,8 +46,8 @@ INT_MAX = (1 << 31) - 1
 U64_MAX = (1 << 64) - 1
 SIZE_MAX = (1 << 63) - 1  # custody_alloc's ssize_t
 # custody_configure's options and the values each takes (device_headroom's 2^64-1 means "not set").
-CONFIGURE_RANGES = {"max_bytes": (0, U64_MAX), "device_headroom": (0, U64_MAX - 1), "tracking": (0, 1), "chunked": (0, 1),
-                    "trend_every_allocations": (0, U64_MAX), "trend_window_samples": (1, 1 << 20),
+CONFIGURE_RANGES = {"max_bytes": (0, U64_MAX), "device_headroom": (0, U64_MAX - 1), "tracking": (0, 1), "stacks": (0, 1),
+                    "chunked": (0, 1), "trend_every_allocations": (0, U64_MAX), "trend_window_samples": (1, 1 << 20),
                     "trend_levels": (1, 8), "trend_windows": (4, 64)}
 
 
@@ -147,6 +147,17 @@ def library_choice(directory=None):
 def library_path():
     """The path of the library this process uses (see the module's comment)."""
     return library_choice()[0]
+
+
+def cuda_build_location(directory=None):
+    """Where the CUDA build of the library is, in words, for a message: its path when the package
+    holds one, else that none was built and why one would be."""
+    directory = pathlib.Path(directory) if directory is not None else _HERE
+    cuda = directory / _CUDA_NAME
+    if cuda.exists():
+        return "the CUDA build of custody's library is installed (%s): it is what a GPU machine uses" % cuda
+    return ("no CUDA build of custody's library is installed in %s (pip install builds it where the CUDA Toolkit "
+            "is found)" % directory)
 
 
 def _error_for(message):
@@ -251,7 +262,7 @@ class Library:
         a value out of its range or not an integer (nothing is set then)."""
         key = check_text(name, "option name")
         lowest, highest = CONFIGURE_RANGES.get(name, (0, U64_MAX))
-        if name in ("tracking", "chunked") and isinstance(value, bool):
+        if name in ("tracking", "stacks", "chunked") and isinstance(value, bool):
             value = int(value)
         check_integer(value, name, lowest, highest)
         self._check(self._lib.custody_configure(key, value))
@@ -293,14 +304,33 @@ class Library:
         return self._text(self._lib.custody_report)
 
     def owner_push(self, name):
-        """The library's own per-thread owner stack (custody.owner() is the scope to use)."""
-        self._check(self._lib.custody_owner_push(check_text(name, "owner name")))
+        """Opens an owner scope in this context, as entering custody.owner(name) does (nested:
+        "decode" then "kv_cache" is "decode/kv_cache"), for code that cannot use a `with` block;
+        owner_pop() closes it. custody.current_owner() says it, and the allocations that follow are
+        charged to it: there is one current owner, the context's (custody/_owners.py)."""
+        check_text(name, "owner name")
+        _owners.push(name)
+        _owners.sync(self)
 
     def owner_pop(self):
-        self._check(self._lib.custody_owner_pop())
+        """Closes the innermost scope owner_push opened in this context; raises CustodyError when
+        there is none (a custody.owner() scope is closed by its `with` block, not here)."""
+        if not _owners.pop():
+            raise CustodyError("custody: owner_pop without an owner scope open on this thread (by owner_push)")
+        _owners.sync(self)
 
     def owner_current(self):
+        """The owner the library charges this thread's allocations to (PyTorch's too): the
+        context's owner, which it is made to hold first."""
+        _owners.sync(self)
         return self._text(self._lib.custody_owner_current)
+
+    def _owner_push_raw(self, name):
+        """The library's per-thread owner stack itself, for _owners.sync alone."""
+        self._check(self._lib.custody_owner_push(name.encode("utf-8")))
+
+    def _owner_pop_raw(self):
+        self._check(self._lib.custody_owner_pop())
 
     def rank_report(self, device=-1):
         """This rank's tracking report on `device` (tracking on; -1: the first device in use), as

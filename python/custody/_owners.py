@@ -10,13 +10,14 @@ thread stays inside a scope that was left.
 The library charges an allocation to the owner it holds for the allocating thread (PyTorch calls it
 with no Python running). custody sets it from the context when a scope is entered or left and
 before each of its own allocations (sync()): PyTorch's allocations are charged to the owner of the
-last of those on the thread.
+last of those on the thread. The context is the one source of truth: Library.owner_push and
+owner_pop open and close scopes of it too (push(), pop()), for code that cannot use a `with` block.
 """
 
 import contextvars
 import threading
 
-__all__ = ["UNTAGGED", "Scope", "current", "enter", "leave", "sync"]
+__all__ = ["UNTAGGED", "Scope", "current", "enter", "leave", "push", "pop", "sync"]
 
 UNTAGGED = "<untagged>"
 
@@ -33,6 +34,7 @@ class Scope:
 
 
 _innermost = contextvars.ContextVar("custody_owner", default=None)
+_pushed = contextvars.ContextVar("custody_owner_pushed", default=())  # scopes push() opened, innermost last
 _held = threading.local()  # per thread: {library path: (pushes, owner)} the library holds for it
 
 
@@ -68,6 +70,25 @@ def leave(scope):
         _innermost.set(_open(innermost))
 
 
+def push(name):
+    """Opens a scope as enter() does, to be closed by pop() rather than by leaving a block."""
+    scope = enter(name)
+    _pushed.set(_pushed.get() + (scope,))
+    return scope
+
+
+def pop():
+    """Closes the innermost scope push() opened in this context (and still open); False when there
+    is none."""
+    pushed = tuple(s for s in _pushed.get() if s.open)
+    if not pushed:
+        _pushed.set(())
+        return False
+    _pushed.set(pushed[:-1])
+    leave(pushed[-1])
+    return True
+
+
 def sync(lib):
     """Makes the owner `lib` holds for this thread this context's owner: nothing when it is
     already, else a pop of what custody pushed for this thread and a push of the owner."""
@@ -79,8 +100,8 @@ def sync(lib):
     if holding == owner and pushes == (owner is not None):
         return
     for _ in range(pushes):
-        lib.owner_pop()
+        lib._owner_pop_raw()
     held[lib.path] = (0, None)
     if owner is not None:
-        lib.owner_push(owner)
+        lib._owner_push_raw(owner)
         held[lib.path] = (1, owner)

@@ -10,9 +10,21 @@ import contextlib
 import functools
 import weakref
 
-from ._library import CustodyError
+from ._library import CustodyError, cuda_build_location
 
-__all__ = ["install", "install_capture", "install_memory_fraction", "pool_id"]
+__all__ = ["install", "install_capture", "install_memory_fraction", "pool_id", "require_cuda_device"]
+
+
+def require_cuda_device(torch, what):
+    """Raises CustodyError, saying so and where custody's CUDA build is, when PyTorch sees no CUDA
+    device (no NVIDIA driver, or no GPU): what would follow is PyTorch's own error from deep inside
+    ("Found no NVIDIA driver on your system"), which says nothing of custody. Does not initialize
+    CUDA (torch.cuda.is_available() does not)."""
+    if not torch.cuda.is_available():
+        raise CustodyError("custody: %s needs a CUDA device, and PyTorch sees none on this machine "
+                           "(torch.cuda.is_available() is False: no NVIDIA driver, or no GPU). %s. Without a GPU, "
+                           "custody's package runs on its host build over virtual devices (custody.library(), "
+                           "custody.sleepable, custody.owner)." % (what, cuda_build_location()))
 
 
 def install(torch, lib, memory_stats, memory_summary):

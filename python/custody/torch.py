@@ -40,7 +40,7 @@ from ._torch_hooks import device_index as _device_index
 from . import options as _options
 from . import memory_snapshot as _snapshots
 from . import stats as _stats
-from ._library import OUT_OF_MEMORY_MARK, CustodyError, library, library_path
+from ._library import OUT_OF_MEMORY_MARK, CustodyError, cuda_build_location, library, library_choice, library_path
 from .ranks import claim_device, rank_info
 from .torch_sleep import (CaptureOpenError, OwnerAsleepError, OwnerAwakeError, SleepError, is_asleep,
                           release_host_memory, sleep, sleep_stats, sleepable, sleepable_pool, wake)
@@ -76,17 +76,18 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
     owner(), snapshot(), LeakWatch, write_report() and PyTorch-format memory snapshots;
     claim_device (default True): claim this rank's GPU so that a second rank on it fails at once,
     naming both ranks; stacks (default False): with tracking, keep each allocation's call stack
-    (native frames) for leak reports and snapshots; backing (default "mapped"): what the pools grow
-    in, "mapped" (2 MiB granules mapped into one address range per device, given back as the pool
-    trims) or "chunked" (cudaMalloc chunks: for memory that cudaIpcGetMemHandle or RDMA registration
-    must accept, which refuse mapped memory; a device without virtual memory management gets them
-    anyway; custody.library().backing(device) says what a device has); trend: with tracking, the
-    slow-leak forecast's options (custody.configure_tracking's trend: a dict of every_allocations,
-    window_samples, levels, windows; each LeakWatch(trend=True).check() is a sample, and the rank's
-    reports carry every owner's trend). Each but trend is overridden by its environment variable
-    (custody.options.ENVIRONMENT: CUSTODY_MAX_BYTES, CUSTODY_DEVICE_HEADROOM, CUSTODY_TRACKING,
-    CUSTODY_CLAIM_DEVICE, CUSTODY_STACKS, CUSTODY_BACKING), for jobs launched by torchrun. Returns
-    the options in force."""
+    (the application's native frames and the allocating thread's Python frames, custody's own and
+    the interpreter's plumbing left out) for leak reports and snapshots; backing (default "mapped"):
+    what the pools grow in, "mapped" (2 MiB granules mapped into one address range per device, given
+    back as the pool trims) or "chunked" (cudaMalloc chunks: for memory that cudaIpcGetMemHandle or
+    RDMA registration must accept, which refuse mapped memory; a device without virtual memory
+    management gets them anyway; custody.library().backing(device) says what a device has); trend:
+    with tracking, the slow-leak forecast's options (custody.configure_tracking's trend: a dict of
+    every_allocations, window_samples, levels, windows; each LeakWatch(trend=True).check() is a
+    sample, and the rank's reports carry every owner's trend). Each but trend is overridden by its
+    environment variable (custody.options.ENVIRONMENT: CUSTODY_MAX_BYTES, CUSTODY_DEVICE_HEADROOM,
+    CUSTODY_TRACKING, CUSTODY_CLAIM_DEVICE, CUSTODY_STACKS, CUSTODY_BACKING), for jobs launched by
+    torchrun. Returns the options in force."""
     import torch
 
     if enabled():
@@ -97,16 +98,17 @@ def enable(*, max_bytes=None, device_headroom=None, tracking=None, claim_device=
         raise TooLateError("custody: custody.torch.enable() came after CUDA was initialized (something already "
                            "allocated CUDA memory or queried a device); PyTorch cannot change its allocator then. "
                            "Call it right after `import torch`, before any .cuda(), .to('cuda') or torch.cuda call")
+    _torch_hooks.require_cuda_device(torch, "custody.torch.enable()")
     path = library_file or library_path()
     lib = library(path)
     if lib.platform != "cuda":
-        raise CustodyError("custody: %s is the %s build of the allocator library; PyTorch needs the CUDA build "
-                           "(pip install on a machine with the CUDA Toolkit)" % (path, lib.platform))
+        raise CustodyError("custody: %s is the %s build of the allocator library (chosen: %s); PyTorch needs the "
+                           "CUDA build. %s" % (path, lib.platform, library_choice()[1] if not library_file
+                                               else "library_file", cuda_build_location()))
     for name in ("max_bytes", "device_headroom"):
         if chosen[name] is not None:
             lib.configure(name, chosen[name])
-    configure_tracking(bool(chosen["tracking"]), trend=trend, lib=lib)
-    lib.configure("stacks", 1 if chosen["stacks"] else 0)
+    configure_tracking(bool(chosen["tracking"]), stacks=bool(chosen["stacks"]), trend=trend, lib=lib)
     lib.configure("chunked", 1 if chosen["backing"] == "chunked" else 0)
     allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "custody_torch_malloc", "custody_free")
     try:
@@ -206,6 +208,7 @@ def mem_pool(backing="pool", *, use_on_oom=False, library_file=None):
     if enabled():
         raise CustodyError("custody: mem_pool() needs PyTorch's own caching allocator, and custody.torch.enable() "
                            "made custody the whole process's allocator (every tensor already comes from custody)")
+    _torch_hooks.require_cuda_device(torch, "custody.torch.mem_pool()")
     path = library_file or library_path()
     known = library(path).mempool_backings
     if backing not in known:

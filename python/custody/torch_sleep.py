@@ -29,6 +29,7 @@ import contextlib
 from . import sleepable as _sleepable
 from ._torch_hooks import device_index as _device_index
 from ._torch_hooks import pluggable_allocator as _pluggable_allocator
+from ._torch_hooks import require_cuda_device as _require_cuda_device
 from ._library import library_path
 from .tracking import owner as _owner_scope
 
@@ -51,11 +52,21 @@ _pools = {}
 SLEEPABLE_ALLOC = "custody_sleep_alloc"
 
 
+def _device(torch, device, what):
+    """The index of `device`; the current CUDA device for None, which needs one: custody's error then
+    where PyTorch would raise "Found no NVIDIA driver". A number names a device of custody's library
+    (the host build's virtual devices too)."""
+    if device is None:
+        _require_cuda_device(torch, what)
+    return _device_index(torch, device)
+
+
 def sleepable_pool(owner, device=None):
     """The torch.cuda.MemPool of `owner` on `device` (default: the current one), made on first use
     and kept for the process: what a tensor allocated in it holds sleeps and wakes with `owner`."""
     import torch
 
+    _require_cuda_device(torch, "custody.torch.sleepable_pool()")
     key = (owner, _device_index(torch, device))
     if key not in _pools:
         _pools[key] = torch.cuda.MemPool(
@@ -71,6 +82,7 @@ def sleepable(owner, device=None):
     the pool, which is not mapped while its owner sleeps."""
     import torch
 
+    _require_cuda_device(torch, "custody.torch.sleepable()")
     index = _device_index(torch, device)
     if _sleepable.is_asleep(owner, device=index):
         raise OwnerAsleepError("custody: owner '%s' is asleep on device %d: wake it before allocating for it"
@@ -96,7 +108,7 @@ def sleep(owners, offload=(), device=None, streams=None):
     OutOfMemoryError, ValueError, CustodyError, each with the owners as they were."""
     import torch
 
-    index = _device_index(torch, device)
+    index = _device(torch, device, "custody.torch.sleep()")
     _sleepable.sleep(owners, offload, device=index, streams=_streams(torch, index, streams))
 
 
@@ -106,17 +118,17 @@ def wake(owners, device=None):
     OutOfMemoryError, CustodyError, with the owners still asleep."""
     import torch
 
-    _sleepable.wake(owners, device=_device_index(torch, device))
+    _sleepable.wake(owners, device=_device(torch, device, "custody.torch.wake()"))
 
 
 def is_asleep(owner, device=None):
     import torch
 
-    return _sleepable.is_asleep(owner, device=_device_index(torch, device))
+    return _sleepable.is_asleep(owner, device=_device(torch, device, "custody.torch.is_asleep()"))
 
 
 def sleep_stats(device=None):
     """The sleepable memory of `device` (see custody.sleepable.stats)."""
     import torch
 
-    return _sleepable.stats(device=_device_index(torch, device))
+    return _sleepable.stats(device=_device(torch, device, "custody.torch.sleep_stats()"))

@@ -10,6 +10,7 @@ import pathlib
 import time
 
 from . import _owners
+from . import options as _options
 from ._library import CustodyError, check_text, library
 from .ranks import rank_info
 
@@ -22,18 +23,28 @@ _log = logging.getLogger("custody")
 TREND_OPTIONS = ("every_allocations", "window_samples", "levels", "windows")
 
 
-def configure_tracking(on=True, trend=None, lib=None):
+def configure_tracking(on=True, stacks=None, trend=None, lib=None):
     """Turns tracking on (or off) for the allocations to come; before the first allocation.
-    `trend`, a dict of custody/debug/trend.hpp's trend_options: every_allocations (the trackers
-    also take a trend sample every N allocations; by default only LeakWatch(trend=True).check()
+
+    stacks (default False): keep each allocation's call stack for leak reports and snapshots: the
+    application's native frames and, in Python, the allocating thread's Python frames in place of
+    the interpreter's (custody's own frames and the interpreter's plumbing, libffi, _ctypes and
+    libpython, left out), as PyTorch's _record_memory_history(stacks="all") keeps them. The
+    environment overrides the code, as for custody.torch.enable(): CUSTODY_TRACKING and
+    CUSTODY_STACKS (1/0, true/false, yes/no, on/off).
+    trend, a dict of custody/debug/trend.hpp's trend_options: every_allocations (the trackers also
+    take a trend sample every N allocations; by default only LeakWatch(trend=True).check()
     samples), window_samples, levels, windows (the time scales the floor is tested at). Raises
-    CustodyError for an unknown key or a value out of range."""
+    CustodyError for an unknown key or a value out of range. Returns {"tracking": ..., "stacks": ...}."""
+    chosen = _options.resolve(tracking=on, stacks=stacks)
     lib = lib or library()
     for key, value in (trend or {}).items():
         if key not in TREND_OPTIONS:
             raise CustodyError("custody: unknown trend option %r (known: %s)" % (key, ", ".join(TREND_OPTIONS)))
         lib.configure("trend_" + key, value)
-    lib.configure("tracking", 1 if on else 0)
+    lib.configure("tracking", 1 if chosen["tracking"] else 0)
+    lib.configure("stacks", 1 if chosen["stacks"] else 0)
+    return {"tracking": chosen["tracking"], "stacks": chosen["stacks"]}
 
 
 @contextlib.contextmanager

@@ -82,8 +82,11 @@ def test_installed_python_tools_run_with_the_venvs_interpreter(tmp_path):
     done = subprocess.run([str(python), "-m", "pip", "install", "--no-index", "--no-deps", "--disable-pip-version-check",
                            "--no-cache-dir", str(wheel)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    # The programs; a module beside them (custody_output.py, which they import) is installed as it is.
-    for script in (s for s in SCRIPTS if s.suffix != ".py"):
+    # The programs alone: each is one file, with what it writes files with inside it; no module lands
+    # in bin/, where it would be on PATH as if it were a command.
+    assert sorted(p.name for p in python.parent.iterdir() if p.name.startswith("custody")) == \
+        sorted(s.name for s in SCRIPTS)
+    for script in SCRIPTS:
         installed = python.parent / script.name
         first = installed.read_text().split("\n", 1)[0]
         assert first == "#!" + str(python), "%s starts with %r, not the venv's interpreter" % (installed, first)
@@ -92,3 +95,10 @@ def test_installed_python_tools_run_with_the_venvs_interpreter(tmp_path):
                              timeout=120)
         assert ran.returncode == 0, ran.stderr
         assert script.name in ran.stdout
+    # ... and writes its file (custody_output, inlined): an RMM log imported into a trace.
+    log = tmp_path / "rmm.csv"
+    log.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.000001,allocate,0x1000,256,0x0\n")
+    ran = subprocess.run([str(python.parent / "custody-import"), "rmm", str(log), "-o", str(tmp_path / "t.ctrace")],
+                         capture_output=True, text=True, env=unactivated_env(), timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert (tmp_path / "t.ctrace").read_bytes()[:8] == b"CUSTODYT"

@@ -127,3 +127,35 @@ def test_sleepable_memory_goes_to_the_task_that_allocates_it():
         assert sleepable.owner_stats("sleep_a", lib=lib)["bytes"] == 1 << 20, sleepable.owner_stats("sleep_a", lib=lib)
         assert sleepable.owner_stats("sleep_b", lib=lib)["bytes"] == 1 << 20
     """)
+
+
+def test_the_librarys_push_and_pop_are_scopes_of_the_context_one_current_owner():
+    """library().owner_push is for code that cannot use a `with` block: it opens a scope of the
+    context, so custody.current_owner(), the library's owner and what an allocation is charged to
+    agree, and custody.owner() scopes nest inside it."""
+    run_python("""
+        import custody
+        custody.configure_tracking()
+        lib = custody.library()
+        lib.owner_push("decode")
+        assert custody.current_owner() == "decode", custody.current_owner()
+        assert lib.owner_current() == "decode", lib.owner_current()
+        a = lib.alloc(4096, 0)
+        with custody.owner("kv_cache"):
+            assert custody.current_owner() == "decode/kv_cache"
+            b = lib.alloc(8192, 0)
+        lib.owner_push("step")
+        assert custody.current_owner() == "decode/step"
+        lib.owner_pop()
+        lib.owner_pop()
+        assert custody.current_owner() == "<untagged>" and lib.owner_current() == "<untagged>"
+        s = custody.snapshot()
+        assert s.live_bytes("decode") == 4096 and s.live_bytes("decode/kv_cache") == 8192, s.owners
+        try:
+            lib.owner_pop()
+        except custody.CustodyError as e:
+            assert "without an owner scope" in str(e)
+        else:
+            raise AssertionError("an unbalanced pop was accepted")
+        lib.free(a, 4096, 0); lib.free(b, 8192, 0)
+    """)

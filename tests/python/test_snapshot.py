@@ -226,3 +226,58 @@ custody.dump_snapshot(directory=sys.argv[1])
     assert not link.is_symlink()
     with open(link, "rb") as f:
         assert "segments" in pickle.load(f)
+
+
+# Allocations three Python calls deep, with stacks on as the argument or the environment says;
+# prints the frames of the live block's alloc event and of its leak report group.
+STACKS_PROGRAM = """
+import json, os, sys
+import custody
+custody.configure_tracking(**json.loads(sys.argv[1]))
+custody.record_history(1000)
+lib = custody.library()
+
+def load_weights():
+    return lib.alloc(4096, 0)
+
+def build_model():
+    return load_weights()
+
+with custody.owner("weights"):
+    address = build_model()
+snapshot = custody.memory_snapshot()
+alloc = [e for e in snapshot["device_traces"][0] if e["action"] == "alloc" and e["addr"] == address][0]
+report = lib.rank_report(0)
+groups = [g for g in report["live"]["groups"] if g["owner"] == "weights"]
+print(json.dumps({"frames": alloc["frames"], "report": groups[0]["stack"] if groups else None}))
+"""
+
+PLUMBING = ("libffi", "_ctypes", "libpython", "libcustody_torch_allocator")
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_stacks_hold_the_python_frames_without_custodys_or_the_interpreters(how):
+    """configure_tracking(stacks=True) and CUSTODY_STACKS=1 alike: the frames of an allocation made
+    from Python are its Python calls, innermost first, then its owner: no custody frame, and none
+    of the interpreter's plumbing (libffi, _ctypes, libpython) between Python and the library."""
+    arguments = {"stacks": True} if how == "argument" else {}
+    env = {"CUSTODY_STACKS": "1"} if how == "environment" else {}
+    done = run_python(STACKS_PROGRAM, env=env, args=[json.dumps(arguments)])
+    seen = json.loads(done.stdout)
+    frames = seen["frames"]
+    names = [f["name"] for f in frames]
+    assert names[-1] == "weights" and frames[-1]["filename"] == "<custody owner>", frames
+    assert names[:2] == ["load_weights", "build_model"], frames
+    assert frames[0]["filename"] == "<string>" and frames[0]["line"] == 9, frames[0]
+    for f in frames:
+        assert not any(p in f["filename"] for p in PLUMBING), f
+        assert not f["name"].startswith(("custody", "_Py", "Py", "ffi_")), f
+    report = seen["report"]
+    assert report and report[0] == "<string>:9 in load_weights", report
+    assert not any(p in line for line in report for p in PLUMBING), report
+
+
+def test_without_stacks_an_allocation_has_its_owner_alone():
+    done = run_python(STACKS_PROGRAM, args=[json.dumps({})])
+    frames = json.loads(done.stdout)["frames"]
+    assert frames == [{"filename": "<custody owner>", "line": 0, "name": "weights"}], frames

@@ -174,13 +174,50 @@ def test_the_python_claim_of_a_gpu_locks_the_file_the_cpp_claim_locks(host_lib, 
 def test_mem_pool_refuses_what_cannot_back_a_torch_mempool(host_lib):
     done = run_python("""
         import sys, types, custody, custody.torch
-        sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace())
+        sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
         try:
             custody.torch.mem_pool()
         except custody.CustodyError as e:
             print(e)
     """)
     assert "host build" in done.stdout and "needs the CUDA build" in done.stdout, done.stdout
+
+
+def test_without_a_gpu_the_torch_entry_points_say_so_and_where_the_cuda_build_is():
+    """PyTorch installed, no NVIDIA driver (a login node, a CI runner with the toolkit): custody's
+    error, naming the missing device and where custody's CUDA build is, instead of the host build's
+    name or PyTorch's "Found no NVIDIA driver" from deep inside."""
+    done = run_python("""
+        import sys, types
+
+        def no_driver():
+            raise RuntimeError("Found no NVIDIA driver on your system.")
+
+        torch = types.ModuleType("torch")
+        torch.cuda = types.SimpleNamespace(is_available=lambda: False, is_initialized=lambda: False,
+                                           current_device=no_driver)
+        sys.modules["torch"] = torch
+        import custody, custody.torch as ct
+
+        calls = {"enable": ct.enable, "sleepable": lambda: ct.sleepable("kv_cache").__enter__(),
+                 "sleep": lambda: ct.sleep(["kv_cache"]), "wake": lambda: ct.wake(["kv_cache"]),
+                 "mem_pool": ct.mem_pool}
+        for name, call in calls.items():
+            try:
+                call()
+                print(name, "| no error")
+            except custody.CustodyError as e:
+                print(name, "| custody |", e)
+            except Exception as e:
+                print(name, "| other |", type(e).__name__, e)
+        """)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 5, done.stdout + done.stderr
+    for line in lines:
+        name, kind, message = line.split(" | ", 2)
+        assert kind == "custody", line
+        assert "needs a CUDA device, and PyTorch sees none" in message, line
+        assert "CUDA build of custody's library" in message, line
 
 
 def test_a_capture_that_fails_at_its_end_raises_its_own_error_not_the_routes():
@@ -230,7 +267,7 @@ def test_a_sleepable_pool_allocates_through_the_function_that_answers_null_when_
 
     monkeypatch.setattr(torch_sleep, "_pluggable_allocator", recording_allocator)
     monkeypatch.setattr(torch_sleep, "_pools", {})
-    cuda = types.SimpleNamespace(MemPool=lambda raw: ("MemPool", raw), current_device=lambda: 0)
+    cuda = types.SimpleNamespace(MemPool=lambda raw: ("MemPool", raw), current_device=lambda: 0, is_available=lambda: True)
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     assert torch_sleep.sleepable_pool("null-when-full", 0) == ("MemPool", "raw allocator")
     (alloc_name, free_name), = names

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """custody-plot draws a replay report (PyTorch's reserved bytes included) and refuses what is not
-one; without matplotlib (which nothing else in custody needs) it says what to install, and the
-drawing itself is skipped.
+one; it draws memory snapshots' live bytes per owner, one panel per snapshot (per rank), and prints
+their figures; without matplotlib (which nothing else in custody needs) it says what to install, and
+the drawing itself is skipped.
 
 usage: plot_test.py CUSTODY_PLOT CUSTODY_REPLAY CUSTODY_TRACE"""
 
+import importlib.machinery
+import importlib.util
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -110,6 +114,107 @@ class Plot(unittest.TestCase):
         p = run(sys.executable, PLOT, self.report(), "-o", self.path("x.png"), "--device", "4")
         self.assertEqual(p.returncode, 2)
         self.assertIn("no device 4", p.stderr)
+
+
+def snapshot(events, blocks=()):
+    """A snapshot as custody writes it: `events` are (action, address, size, owner); `blocks` the
+    active blocks (address, size, owner) of one segment."""
+    trace = [{"action": a, "addr": addr, "size": size, "stream": 0, "time_us": i, "frames": [],
+              "user_metadata": owner} for i, (a, addr, size, owner) in enumerate(events)]
+    segment_blocks = [{"address": addr, "size": size, "requested_size": size, "state": "active_allocated",
+                       "frames": [{"filename": "<custody owner>", "line": 0, "name": owner}]}
+                      for addr, size, owner in blocks]
+    return {"segments": [{"device": 0, "address": 0x100000, "total_size": 1 << 24, "blocks": segment_blocks}],
+            "device_traces": [trace], "allocator_settings": {"allocator": "custody"}}
+
+
+def plot_module():
+    loader = importlib.machinery.SourceFileLoader("custody_plot", PLOT)
+    spec = importlib.util.spec_from_loader("custody_plot", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+class Snapshots(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+
+    def write(self, name, data):
+        path = os.path.join(self.dir.name, name)
+        with open(path, "wb") as f:
+            pickle.dump(data, f, protocol=2)
+        return path
+
+    def ranks(self):
+        """Two ranks: rank 0 with a block live before its trace began (freed in it) and one never
+        freed; rank 1 a kv cache that grows."""
+        rank0 = snapshot([("alloc", 0x200000, 1000, "weights"), ("free_completed", 0x300000, 500, "activations"),
+                          ("alloc", 0x400000, 3000, "activations"), ("free_completed", 0x400000, 3000, "activations")],
+                         blocks=[(0x200000, 1000, "weights"), (0x500000, 700, "kv_cache")])
+        rank1 = snapshot([("alloc", 0x200000 + 4096 * i, 4096, "kv_cache") for i in range(3)])
+        return self.write("custody-snapshot-rank0.pickle", rank0), self.write("custody-snapshot-rank1.pickle", rank1)
+
+    def test_prints_each_owners_peak_and_end_per_rank_without_matplotlib(self):
+        p = run(sys.executable, PLOT, *self.ranks(), "--summary")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = [line.split() for line in p.stdout.splitlines()]
+        self.assertEqual(lines[0][:2], ["custody-snapshot-rank0.pickle,", "device"])
+        rank0 = {l[0]: (int(l[2]), int(l[5])) for l in lines[1:4]}
+        # activations: 500 live before the trace, freed, then 3000 for a while; kv_cache: live throughout.
+        self.assertEqual(rank0, {"activations": (3000, 0), "weights": (1000, 1000), "kv_cache": (700, 700)})
+        self.assertEqual(lines[5][:3], ["kv_cache", "peak", str(3 * 4096)])
+
+    @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib is not installed")
+    def test_draws_a_png_per_rank(self):
+        image = os.path.join(self.dir.name, "live.png")
+        p = run(sys.executable, PLOT, *self.ranks(), "-o", image)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(image, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_refuses_what_is_not_a_plain_snapshot(self):
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("true",))
+        for data, fragment in ((Evil(), "posix.system"), ([1, 2], "not a memory snapshot"),
+                               ({"segments": [], "device_traces": [[{"action": "alloc", "addr": -1, "size": 1}]]},
+                                "addr")):
+            p = run(sys.executable, PLOT, self.write("bad.pickle", data), "--summary")
+            self.assertEqual(p.returncode, 2, p.stdout)
+            self.assertNotIn("Traceback", p.stderr)
+            self.assertIn(fragment, p.stderr)
+
+
+class ReplayPicture(unittest.TestCase):
+    def test_the_y_axis_shows_the_band_the_lines_span(self):
+        band = plot_module().band
+        low, high = band([[10 << 30, 10 << 30, 11 << 30], [(10 << 30) + 5]])
+        self.assertGreater(low, 9 << 30)  # not from 0: the band that matters fills the picture
+        self.assertLess(high, 12 << 30)
+        self.assertLessEqual(low, 10 << 30)
+        self.assertGreaterEqual(high, 11 << 30)
+        self.assertEqual(band([]), (0, 0))
+
+    @unittest.skipUnless(HAVE_MATPLOTLIB, "matplotlib is not installed")
+    def test_the_live_line_is_on_top_and_the_legend_beside_the_plot(self):
+        module = plot_module()
+        saved = {}
+        module.save = lambda fig, output: saved.setdefault("figure", fig)
+        report = {"trace": {"file": "t"}, "devices": [{
+            "device": 0, "ops": 3, "peak_live_bytes": 3 << 20,
+            "allocators": [{"allocator": a, "fragmentation": 0.0, "peak_reserved_bytes": 3 << 20,
+                            "timeline": {"op": [0, 1, 2], "live": [1 << 20, 3 << 20, 2 << 20],
+                                         "reserved": [1 << 20, 3 << 20, 2 << 20]}} for a in ("malloc", "pool")]}]}
+        module.draw(report, "x.png", None, None)
+        ax = saved["figure"].axes[0]
+        live = [line for line in ax.get_lines() if line.get_label() == "live (the trace)"][0]
+        self.assertGreater(live.get_zorder(), max(l.get_zorder() for l in ax.get_lines() if l is not live))
+        legend = ax.get_legend()
+        saved["figure"].canvas.draw()
+        inside = ax.get_window_extent()
+        self.assertGreaterEqual(legend.get_window_extent().x0, inside.x1)  # right of the axes: covers no line
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ namespace custody {
 struct device_accessible {};
 /// The memory can be accessed by host code.
 struct host_accessible {};
+/// Live blocks may lose their memory and contents for a while (sleepable_memory's sleep): a layer
+/// above that keeps bytes of its own in them must ask it to keep them (core/discarding.hpp).
+struct discards_contents {};
 
 template <class R, class Property>
 concept has_property = requires(const R& r) { get_property(r, Property{}); };
@@ -24,6 +27,9 @@ concept has_property = requires(const R& r) { get_property(r, Property{}); };
     {}                                                                                                  \
     friend void get_property(const Self&, ::custody::host_accessible) noexcept                          \
         requires ::custody::has_property<Upstream, ::custody::host_accessible>                          \
+    {}                                                                                                  \
+    friend void get_property(const Self&, ::custody::discards_contents) noexcept                        \
+        requires ::custody::has_property<Upstream, ::custody::discards_contents>                        \
     {}
 
 } // namespace custody

@@ -14,7 +14,9 @@
 ///   frame:   filename, line, name (innermost first)
 /// From custody: segments are the chunks a segment_journal saw the pool take; blocks are the
 /// tracker's live blocks (pending free: held by recorded_streams for another stream's work) and the
-/// gaps between them; traces are an allocation_history's events. Each block's and entry's frames are
+/// gaps between them. A block starts at the address its user holds, the one its trace entries
+/// name (so that the viewer draws each live block once): a tracker's front guard lies in the gap
+/// before it, its back guard inside it; traces are an allocation_history's events. Each block's and entry's frames are
 /// its allocation's call stack with its owner last (outermost), as a frame of its own
 /// {filename: "<custody owner>", line: 0, name: OWNER}, so that the viewer's stacks and
 /// flamegraphs group by owner; trace entries carry the owner in user_metadata too (the format's
@@ -163,21 +165,24 @@ private:
 /// up to 256 (every pool block is a multiple of it, so the extent never reaches the next block).
 [[nodiscard]] inline std::size_t extent(const live_block& b) noexcept { return (b.total + 255) / 256 * 256; }
 
-/// Lays `blocks` (sorted by outer address, all within `s`) out in segment `s`, with the gaps
-/// between them as inactive blocks.
+/// Lays `blocks` (sorted by outer address, all within `s`) out in segment `s`, each at its user's
+/// address (b.address, within [b.outer, b.outer + extent(b))), with the gaps between them (and
+/// the guards before them) as inactive blocks.
 inline void lay_out(snapshot_segment& s, const std::vector<const live_block*>& blocks,
                     const std::vector<std::uintptr_t>& pending, frame_cache& cache) {
     const std::uintptr_t end = s.address + s.total_size;
     std::uintptr_t at = s.address;
     for (std::size_t i = 0; i < blocks.size(); ++i) {
         const live_block& b = *blocks[i];
-        if (b.outer > at) s.blocks.push_back(snapshot_block{at, b.outer - at, 0, "inactive", {}});
-        const std::uintptr_t next = i + 1 < blocks.size() ? blocks[i + 1]->outer : end;
-        const std::size_t size = std::min<std::size_t>(extent(b), next - b.outer);
+        const std::uintptr_t next = std::max(at, i + 1 < blocks.size() ? blocks[i + 1]->outer : end);
+        const std::uintptr_t start = std::clamp(b.address, at, next); // b.address but for overlapping input
+        const std::uintptr_t stop = std::clamp<std::uintptr_t>(b.outer + extent(b), start, next);
+        if (start > at) s.blocks.push_back(snapshot_block{at, start - at, 0, "inactive", {}});
+        const std::size_t size = stop - start;
         const bool held = std::binary_search(pending.begin(), pending.end(), b.address);
-        s.blocks.push_back(snapshot_block{b.outer, size, std::min(b.bytes, size),
+        s.blocks.push_back(snapshot_block{start, size, std::min(b.bytes, size),
                                           held ? "active_pending_free" : "active_allocated", cache.frames(b.stack, b.owner)});
-        at = b.outer + size;
+        at = stop;
     }
     if (at < end) s.blocks.push_back(snapshot_block{at, end - at, 0, "inactive", {}});
 }

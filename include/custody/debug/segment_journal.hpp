@@ -6,6 +6,7 @@
 #pragma once
 
 #include <custody/core/concepts.hpp>
+#include <custody/core/discarding.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/debug/history.hpp>
@@ -200,6 +201,7 @@ public:
 
     friend bool operator==(const segment_journal& a, const segment_journal& b) noexcept { return &a == &b; }
     CUSTODY_FORWARD_PROPERTIES(segment_journal, Upstream)
+    CUSTODY_FORWARD_DISCARDING(Upstream, upstream_)
 
 private:
     /// Notes a segment taken; false when there is no memory to note it (nothing noted then).

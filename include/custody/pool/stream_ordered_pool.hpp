@@ -16,6 +16,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/discarding.hpp>
 #include <custody/core/detail/memory_annotations.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/failure_callback.hpp>
@@ -268,6 +269,7 @@ public:
 
     friend bool operator==(const stream_ordered_pool& a, const stream_ordered_pool& b) noexcept { return &a == &b; }
     CUSTODY_FORWARD_PROPERTIES(stream_ordered_pool, Upstream)
+    CUSTODY_FORWARD_DISCARDING(Upstream, upstream_)
 
 private:
     using block_kind = detail::block_kind;

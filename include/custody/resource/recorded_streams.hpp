@@ -6,6 +6,7 @@
 #pragma once
 
 #include <custody/core/concepts.hpp>
+#include <custody/core/discarding.hpp>
 #include <custody/core/detail/layers.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/properties.hpp>
@@ -169,6 +170,7 @@ public:
 
     friend bool operator==(const recorded_streams& a, const recorded_streams& b) noexcept { return &a == &b; }
     CUSTODY_FORWARD_PROPERTIES(recorded_streams, Upstream)
+    CUSTODY_FORWARD_DISCARDING(Upstream, upstream_)
 
 private:
     /// deallocate of a block that may have recorded streams.

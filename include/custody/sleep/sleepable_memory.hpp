@@ -10,6 +10,7 @@
 ///   sleep/sleep_error.hpp             sleep_error: what the owners' sleep forbids
 ///   sleep/detail/block_ledger.hpp     blocks, owners and totals, apart from mapping and locks
 ///   sleep/detail/block_range.hpp      one block's address range, mapped whole or not at all
+///   sleep/detail/kept_bytes.hpp       what a discard keeps of a block for the layers above it
 ///   sleep/detail/stream_fence.hpp     the streams blocks were used on, and ordering after them
 ///   sleep/detail/sleep_plan.hpp       a sleep's or a wake's owners and blocks, checked up front
 ///   sleep/detail/contents_copies.hpp  host memory for contents, copies out and back: straight, or
@@ -18,6 +19,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/discarding.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/core/properties.hpp>
@@ -29,6 +31,7 @@
 #include <custody/sleep/detail/block_ledger.hpp>
 #include <custody/sleep/detail/block_range.hpp>
 #include <custody/sleep/detail/contents_copies.hpp>
+#include <custody/sleep/detail/kept_bytes.hpp>
 #include <custody/sleep/detail/sleep_plan.hpp>
 #include <custody/sleep/detail/stream_fence.hpp>
 #include <custody/sleep/sleep_error.hpp>
@@ -73,6 +76,10 @@ namespace custody::sleep {
 /// reserved. Wake maps every block again at the same address with the same access (the device and
 /// its peers), each while the copies of the blocks before it run, copies offloaded contents back
 /// byte for byte and fills discarded blocks with zeros, and returns when they are in place.
+///
+/// Layers above (core/discarding.hpp). A discard zeroes what the owner wrote and nothing of the
+/// layers above it: bytes a layer keeps in a block (a tracker's guards, keep_through_discard) wake
+/// as they were (detail/kept_bytes.hpp); is_resident says whether a block's bytes may be touched.
 ///
 /// Rules: allocating for a sleeping owner, and sleeping an owner that sleeps, are
 /// sleep_error(owner_asleep); waking an owner that does not sleep is sleep_error(owner_awake);
@@ -205,6 +212,30 @@ public:
         if (std::find(b->uses.begin(), b->uses.end(), use) == b->uses.end()) b->uses.push_back(use);
     }
 
+    /// Keeps [ptr, ptr + bytes), inside one live block, through a discard (see the class comment:
+    /// what a layer above keeps there, such as a tracker's guards). Throws std::invalid_argument for
+    /// a range outside every live block or a block that sleeps, std::bad_alloc; nothing is kept then.
+    void keep_through_discard(const void* ptr, std::size_t bytes) {
+        if (bytes == 0) return;
+        std::lock_guard lock(mutex_);
+        block_type* b = ledger_.containing(ptr);
+        if (b == nullptr || ledger_.asleep(b->owner) || !detail::keep(b->kept, b->bytes, offset_in(*b, ptr), bytes)) {
+            throw std::invalid_argument("custody: sleepable_memory::keep_through_discard: not inside an awake live block");
+        }
+    }
+    /// Forgets what keep_through_discard(ptr, bytes) kept (once, if it did).
+    void release_kept(const void* ptr, std::size_t bytes) noexcept {
+        std::lock_guard lock(mutex_);
+        if (block_type* b = ledger_.containing(ptr)) detail::release(b->kept, offset_in(*b, ptr), bytes);
+    }
+    /// Whether the block holding `ptr` has its memory now (awake, or stuck mapped while its owner
+    /// sleeps): false for a sleeping block's address and for one outside every live block.
+    [[nodiscard]] bool is_resident(const void* ptr) const noexcept {
+        std::lock_guard lock(mutex_);
+        const block_type* b = ledger_.containing(ptr);
+        return b != nullptr && b->range->is_mapped();
+    }
+
     /// Puts `owners` to sleep, each under its policy, after the work enqueued so far on their
     /// blocks' streams and on `after` (see the class comment). Throws sleep_error (an owner named
     /// asleep, a stream capturing), std::invalid_argument (an owner named twice),
@@ -302,6 +333,7 @@ public:
 
     friend bool operator==(const sleepable_memory& a, const sleepable_memory& b) noexcept { return &a == &b; }
     friend void get_property(const sleepable_memory&, device_accessible) noexcept {}
+    friend void get_property(const sleepable_memory&, discards_contents) noexcept {}
     friend void get_property(const sleepable_memory&, host_accessible) noexcept
         requires(platform_type::name == std::string_view("host"))
     {}
@@ -316,6 +348,10 @@ private:
     using wake_plan = detail::wake_plan<block_type>;
 
     // ---- allocate and deallocate ----
+
+    [[nodiscard]] static std::size_t offset_in(const block_type& b, const void* ptr) noexcept {
+        return static_cast<std::size_t>(static_cast<const std::byte*>(ptr) - b.base());
+    }
 
     /// A new block of `bytes`, reserved and mapped whole with the device's and the peers' access.
     block_type map_block(std::size_t bytes, std::size_t alignment, debug::owner_id owner, const stream_use& use) {
@@ -372,10 +408,14 @@ private:
 
     // ---- sleep, a ladder of named steps ----
 
-    /// The resource's stream after every stream of the plan (marks[0], the fence, recorded there),
-    /// then each offloaded block's contents copied out on it, each followed by a mark of its own.
+    /// The resource's stream after every stream of the plan, then the bytes the layers above keep
+    /// in discarded blocks copied out (marks[0], the fence, recorded after them), then each
+    /// offloaded block's contents copied out, each followed by a mark of its own.
     void save_contents(sleep_plan& plan, const std::vector<std::byte*>& backups) {
         plan.fence.order_before(stream_);
+        for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
+            if (backups[i] == nullptr) detail::save_kept<platform_type>(plan.blocks[i]->kept, plan.blocks[i]->base(), stream_);
+        }
         mark(plan);
         for (std::size_t i = 0; i < plan.blocks.size(); ++i) {
             const block_type& b = *plan.blocks[i];
@@ -467,13 +507,15 @@ private:
         platform_type::synchronize(stream_);
     }
 
-    /// Offloaded contents copied back, discarded ones zeroed; an offloaded block that kept its
-    /// contents in place (its copy out could not be waited for) needs nothing.
+    /// Offloaded contents copied back, discarded ones zeroed but for what the layers above keep;
+    /// an offloaded block that kept its contents in place (its copy out could not be waited for)
+    /// needs nothing.
     void restore(block_type& b) {
         if (b.backup != nullptr) {
             copies_.restore(b.backup, b.base(), b.bytes, stream_);
         } else if (ledger_.find_owner(b.owner)->policy == sleep_policy::discard) {
             platform_type::memset_async(b.base(), 0, b.bytes, stream_);
+            detail::restore_kept<platform_type>(b.kept, b.base(), stream_);
         }
     }
 

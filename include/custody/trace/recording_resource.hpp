@@ -4,6 +4,7 @@
 #pragma once
 
 #include <custody/core/concepts.hpp>
+#include <custody/core/discarding.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/trace/event.hpp>
@@ -117,6 +118,7 @@ public:
 
     friend bool operator==(const recording_resource& a, const recording_resource& b) noexcept { return &a == &b; }
     CUSTODY_FORWARD_PROPERTIES(recording_resource, Upstream)
+    CUSTODY_FORWARD_DISCARDING(Upstream, upstream_)
 
 private:
     static std::uint64_t key(stream_type stream) noexcept { return platform_type::stream_key(stream); }

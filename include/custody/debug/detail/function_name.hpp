@@ -124,7 +124,7 @@ namespace function_name_steps {
     const std::size_t slash = module.rfind('/');
     const std::string_view file = slash == std::string_view::npos ? module : module.substr(slash + 1);
     for (const std::string_view library : {"libstdc++.so", "libc++.so", "libc++abi.so", "libasan.so", "libtsan.so",
-                                           "libubsan.so", "liblsan.so"}) {
+                                           "libubsan.so", "liblsan.so", "libcustody_torch_allocator"}) {
         if (file.substr(0, library.size()) == library) return true;
     }
     return false;

@@ -84,6 +84,19 @@ public:
 
     [[nodiscard]] bool canaries() const noexcept { return canaries_; }
 
+    /// The bytes a free reads back of the block at `inner` (of `bytes`): the guard before it and
+    /// the guard after it; none without canaries. What an upstream that discards contents is asked
+    /// to keep (core/discarding.hpp).
+    struct checked_span {
+        const void* ptr;
+        std::size_t bytes;
+    };
+    [[nodiscard]] std::array<checked_span, 2> checked_spans(const void* inner, std::size_t bytes) const noexcept {
+        const auto* b = static_cast<const unsigned char*>(inner);
+        const std::size_t g = canaries_ ? guard_bytes_ : 0;
+        return {checked_span{b - g, g}, checked_span{b + bytes, g}};
+    }
+
     [[nodiscard]] guard_layout layout_for(std::size_t bytes, std::size_t alignment) const noexcept {
         guard_layout l;
         if (canaries_) {

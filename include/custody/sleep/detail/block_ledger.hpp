@@ -5,6 +5,7 @@
 
 #include <custody/core/statistics.hpp>
 #include <custody/debug/owner_scope.hpp>
+#include <custody/sleep/detail/kept_bytes.hpp>
 #include <custody/sleep/sleep_policy.hpp>
 #include <custody/sleep/sleep_statistics.hpp>
 
@@ -39,7 +40,8 @@ struct stream_use {
 ///   owner asleep => backup != nullptr only if the owner sleeps under sleep_policy::offload
 ///                   (backup holds `bytes` of contents); a range still mapped is stuck (its unmap
 ///                   failed; or, offloaded without a backup, its contents are kept in place);
-///                   offloaded, not mapped => backup != nullptr.
+///                   offloaded, not mapped => backup != nullptr;
+///   every kept span lies within [0, bytes).
 template <class Range, class Stream, class Owner = owner_id>
 struct block {
     using owner_type = Owner;
@@ -48,6 +50,7 @@ struct block {
     Owner owner{};
     std::vector<stream_use<Stream>> uses;
     std::byte* backup = nullptr;
+    std::vector<kept_bytes> kept; ///< what a discard keeps, in the order the layers above asked
 
     [[nodiscard]] std::size_t span() const noexcept { return range->span(); }
     [[nodiscard]] std::byte* base() const noexcept { return static_cast<std::byte*>(range->base()); }
@@ -144,6 +147,18 @@ public:
     [[nodiscard]] block_type* find(const void* ptr) noexcept {
         const auto it = blocks_.find(reinterpret_cast<std::uintptr_t>(ptr));
         return it == blocks_.end() ? nullptr : &it->second;
+    }
+
+    /// The live block whose bytes hold `ptr` (its start or inside it), or nullptr.
+    [[nodiscard]] block_type* containing(const void* ptr) noexcept {
+        const auto at = reinterpret_cast<std::uintptr_t>(ptr);
+        auto it = blocks_.upper_bound(at);
+        if (it == blocks_.begin()) return nullptr;
+        --it;
+        return at - it->first < it->second.bytes ? &it->second : nullptr;
+    }
+    [[nodiscard]] const block_type* containing(const void* ptr) const noexcept {
+        return const_cast<block_ledger*>(this)->containing(ptr);
     }
 
     /// Removes the block at `ptr` (which must be live) and returns it; the caller gives its memory
