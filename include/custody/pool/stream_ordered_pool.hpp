@@ -106,7 +106,7 @@ public:
           request_limit_(detail::growth_rule(options_).request_limit()),
           capture_store_(upstream_, device_, chunk_alignment, options_.growth_step, options_.check_capture,
                          [this](std::size_t n) { return store_.may_take(n + capture_store_.reserved_bytes()); },
-                         annotations_, watched_, [this](bool quiet) { front_.enable_fast(quiet); }) {
+                         annotations_, annotations_.on(), [this](bool quiet) { front_.enable_fast(quiet); }) {
         if (options_.initial_size > 0 && !store_.grow_exactly(detail::block_kind::large, align_up(options_.initial_size, granule))) {
             const std::string limits = store_.describe_limits(options_.initial_size);
             throw out_of_memory(options_.initial_size, chunk_alignment, device_, statistics(), name,
@@ -275,7 +275,7 @@ private:
     [[gnu::always_inline]] void* allocate_on(stream_type stream, std::size_t bytes, std::size_t alignment) {
         if (bytes - 1 < small_threshold && detail::fits_granule(alignment)) [[likely]] {
             void* p = nullptr;
-            if (front_.pop_fast(front_.key_of(stream), bytes, p)) [[likely]] return p;
+            if (front_.pop_fast(front_.key_of(stream), bytes, alignment, p)) [[likely]] return p;
         }
         return allocate_careful(stream, bytes, alignment);
     }
@@ -283,7 +283,7 @@ private:
     [[gnu::always_inline]] void deallocate_on(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         const auto address = reinterpret_cast<std::uintptr_t>(ptr);
         if (ptr != nullptr && bytes - 1 < small_threshold && !capture_store_.owns(address)) [[likely]] {
-            if (front_.push_fast(front_.key_of(stream), address, bytes)) [[likely]] return;
+            if (front_.push_fast(front_.key_of(stream), address, bytes, alignment)) [[likely]] return;
         }
         deallocate_careful(stream, ptr, bytes, alignment);
     }
@@ -292,18 +292,22 @@ private:
 
     [[gnu::noinline]] void* allocate_careful(stream_type stream, std::size_t bytes, std::size_t alignment) {
         if (!watched_) [[likely]] return take_block(stream, bytes, alignment);
-        void* p = options_.checked ? live_.recorded(detail::block_size(std::max<std::size_t>(bytes, 1)), bytes, alignment,
-                                                    [&] { return take_own_or_block(stream, bytes, alignment); })
-                                   : take_block(stream, bytes, alignment);
+        void* p = options_.checked ? allocate_checked(stream, bytes, alignment) : take_own_or_block(stream, bytes, alignment);
         annotations_.handed_out(p, bytes); // once the block is this call's alone
         return p;
     }
     [[gnu::noinline]] void deallocate_careful(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         if (ptr == nullptr) return;
         if (!watched_) [[likely]] return give_block(stream, ptr, bytes, alignment);
-        if (options_.checked && !forget_live(stream, ptr, bytes, alignment)) return;
+        const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+        if (options_.checked && !front_.forget_live(address, bytes, alignment)) [[unlikely]] {
+            return refuse(stream, address, bytes, alignment);
+        }
         annotations_.coming_back(ptr); // while the block is still this call's alone
-        give_own_or_block(stream, ptr, bytes, alignment);
+        if (!options_.checked && bytes - 1 < small_threshold && !capture_store_.watching() && !capture_store_.owns(address)) {
+            if (front_.push_found(front_.key_of(stream), address, bytes)) return;
+        }
+        give_block(stream, ptr, bytes, alignment);
     }
 
     void* take_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
@@ -342,30 +346,41 @@ private:
 
     // ---- checked mode and CUDA's tools: the common path's stacks when no capture is watched ----
 
-    void* take_own_or_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
+    /// take_block, the block recorded among the live ones (room made first: a bad_alloc takes no
+    /// block). The common path records the blocks it serves itself (stream_caches::pop_checked).
+    [[gnu::always_inline]] void* allocate_checked(stream_type stream, std::size_t bytes, std::size_t alignment) {
+        detail::live_blocks& live = front_.live();
+        front_.reserve_live(front_.key_of(stream)); // for the common path's next blocks
+        live.reserve_one();
+        void* p = nullptr;
+        try {
+            p = take_block(stream, bytes, alignment);
+        } catch (...) {
+            live.unreserve();
+            throw;
+        }
+        if (p == nullptr) [[unlikely]] {
+            live.unreserve();
+        } else {
+            live.add(reinterpret_cast<std::uintptr_t>(p), bytes, alignment);
+        }
+        return p;
+    }
+    [[gnu::always_inline]] void* take_own_or_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
         if (bytes - 1 < small_threshold && detail::fits_granule(alignment) && !capture_store_.watching()) {
             void* p = nullptr;
             if (front_.pop_found(front_.key_of(stream), bytes, p)) return p;
         }
         return take_block(stream, bytes, alignment);
     }
-    void give_own_or_block(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-        if (bytes - 1 < small_threshold && !capture_store_.watching() && !capture_store_.owns(address)) {
-            if (front_.push_found(front_.key_of(stream), address, bytes)) return;
-        }
-        give_block(stream, ptr, bytes, alignment);
-    }
-    /// Forgets the live block `ptr` when the call matches its allocation; else reports the misuse
-    /// and returns false (the pool is left as it was).
-    bool forget_live(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        misuse m{.address = reinterpret_cast<std::uintptr_t>(ptr), .bytes = bytes, .alignment = alignment};
-        std::optional<misuse> found = live_.remove(m, [&](std::uintptr_t a) { return store_.chunks().find(a).size != 0; });
-        if (!found) [[likely]] return true;
-        found->stream_key = platform_type::stream_key(stream); // asked only for the report
-        detail::live_blocks::report(*found, options_.on_misuse);
+    /// Reports a deallocate that matches no live block (the pool is left as it was).
+    [[gnu::noinline, gnu::cold]] void refuse(stream_type stream, std::uintptr_t address, std::size_t bytes,
+                                             std::size_t alignment) noexcept {
+        misuse m = front_.misuse_of({.address = address, .bytes = bytes, .alignment = alignment},
+                                   [&](std::uintptr_t a) { return store_.chunks().find(a).size != 0; });
+        m.stream_key = platform_type::stream_key(stream); // asked only for the report
+        detail::live_blocks::report(m, options_.on_misuse);
         activity_.count(activity_.misuses);
-        return false;
     }
 
     [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::size_t alignment, std::string_view reason) const {
@@ -387,14 +402,16 @@ private:
     pool_options options_; // validated
     int device_;
     custody::detail::memory_annotations annotations_; // before the stores, which announce their chunks
-    const bool watched_; // options_.checked || annotations_.on(): the fast path never sees such a pool
+    // options_.checked || annotations_.on(): the careful way looks at every call of such a pool. The
+    // common path serves a checked one (its shards record, see stream_caches::pop_checked), never
+    // one that announces blocks to CUDA's tools (its index is off).
+    const bool watched_;
     detail::activity_counters activity_;
     detail::shared_store<Upstream> store_;      // the back end
     detail::stream_caches<Upstream> front_;     // the front
     detail::covering<Upstream> covering_;       // the seam: when a stream's blocks become others'
     detail::seam<Upstream> seam_;               // the seam: a miss's ladder
     std::atomic<std::size_t> request_limit_;    // larger requests fail at once (limits, budget)
-    detail::live_blocks live_;                  // checked mode only: the blocks handed out
     // After the fields it reads (upstream_, options_, device_, store_): capture-private pools.
     detail::capture_store<Upstream> capture_store_;
 };

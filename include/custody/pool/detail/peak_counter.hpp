@@ -130,6 +130,12 @@ public:
         return std::nullopt;
     }
 
+    /// Whether `bytes` more committed bytes stay at or below the peak now (a hint: try_commit decides).
+    [[nodiscard]] bool below(std::size_t bytes) const noexcept {
+        const std::size_t seen = committed_.load(std::memory_order_relaxed);
+        return seen <= peak() && bytes <= peak() - seen;
+    }
+
     /// Adds live bytes that no credit covered, raising the peak exactly when they make one. Past the
     /// peak, calls `for_each_credit(reclaimer&)`, which visits the streams (each under its lock)
     /// while the reclaimer wants more. Call with no stream's lock held.

@@ -8,6 +8,7 @@
 #include <custody/pool/detail/class_stacks.hpp>
 #include <custody/pool/detail/counters.hpp>
 #include <custody/pool/detail/free_set.hpp>
+#include <custody/pool/detail/live_blocks.hpp>
 #include <custody/pool/detail/peak_counter.hpp>
 #include <custody/pool/detail/recent_blocks.hpp>
 #include <custody/pool/detail/request.hpp>
@@ -28,20 +29,25 @@ struct shard_head {
     /// The key of no stream (a retired shard's): every bit set, which no platform hands out.
     static constexpr std::uintptr_t no_stream = ~std::uintptr_t{0};
 
-    constexpr explicit shard_head(std::uintptr_t k) noexcept : mutex(), owner(k), key(k) {}
+    /// In `owner`, a pool whose common path records every block (checked mode): the common path's
+    /// compare fails and its rare branch takes the call (no key has this bit).
+    static constexpr std::uintptr_t checked_bit = std::uintptr_t{1} << 63;
+
+    constexpr explicit shard_head(std::uintptr_t k, std::uintptr_t flags = 0) noexcept
+        : mutex(), owner(k == no_stream ? k : k | flags), key(k) {}
     mutable spin_mutex mutex;        ///< first: its address is the shard's
-    std::uintptr_t owner;            ///< == key, guarded by mutex (a plain read under the lock)
+    std::uintptr_t owner;            ///< key | checked_bit in a checked pool (but no_stream), guarded by mutex
     std::atomic<std::uintptr_t> key; ///< Platform::stream_key of the stream served; no_stream: retired
 
     /// Whether the shard serves stream `k`: a hint without its lock, the truth with it.
     [[nodiscard, gnu::always_inline]] bool serves(std::uintptr_t k) const noexcept {
         return key.load(std::memory_order_relaxed) == k;
     }
-    /// serves(k), its lock held.
+    /// serves(k), its lock held, in a pool that is not checked (see checked_bit).
     [[nodiscard, gnu::always_inline]] bool serves_locked(std::uintptr_t k) const noexcept { return owner == k; }
-    /// Makes the shard serve stream `k` (no_stream: none), its lock held.
-    void set_key(std::uintptr_t k) noexcept {
-        owner = k;
+    /// Makes the shard serve stream `k` (no_stream: none), its lock held; `flags`: checked_bit or 0.
+    void set_key(std::uintptr_t k, std::uintptr_t flags = 0) noexcept {
+        owner = k == no_stream ? k : k | flags;
         key.store(k, std::memory_order_release);
     }
 };
@@ -70,8 +76,8 @@ struct alignas(64) shard : shard_head {
 
     /// A shard for the stream of `stream_key`, recording on `e`; its size-class stacks keep up to
     /// `hot_blocks` uncovered blocks per class within `hot_bytes` (see class_stacks).
-    shard(std::uintptr_t stream_key, Event e, std::size_t hot_blocks, std::size_t hot_bytes)
-        : shard_head(stream_key), classes(hot_blocks, hot_bytes), event(std::move(e)) {}
+    shard(std::uintptr_t stream_key, std::uintptr_t flags, Event e, std::size_t hot_blocks, std::size_t hot_bytes)
+        : shard_head(stream_key, flags), classes(hot_blocks, hot_bytes), event(std::move(e)) {}
     shard(const shard&) = delete;
     shard& operator=(const shard&) = delete;
 
@@ -85,6 +91,7 @@ struct alignas(64) shard : shard_head {
     /// rests of the chunks of this stream's large blocks
     per_kind<free_set> spans;
     recent_blocks recent;         ///< the large blocks given back most recently
+    live_table live;              ///< checked mode: the blocks the common path handed out on this stream
     std::uint32_t slow_users = 0; ///< slow paths in progress on this shard (it is not retired meanwhile)
 
     // ---- accounting ----
@@ -201,14 +208,14 @@ struct alignas(64) shard : shard_head {
         return blocks;
     }
 
-    /// Makes an empty, retired shard serve stream `k` (its lock held).
-    void serve(std::uintptr_t k) noexcept {
+    /// Makes an empty, retired shard serve stream `k` (its lock held); `flags` as set_key's.
+    void serve(std::uintptr_t k, std::uintptr_t flags) noexcept {
         counts = {};
         credit = {};
         pops = 0;
         classes.forget_counts();
         uncovered_bytes = 0;
-        set_key(k);
+        set_key(k, flags);
     }
 
     /// The largest free block held.

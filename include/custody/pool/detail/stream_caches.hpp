@@ -9,6 +9,7 @@
 #include <custody/platform/platform.hpp>
 #include <custody/pool/detail/counters.hpp>
 #include <custody/pool/detail/event_pool.hpp>
+#include <custody/pool/detail/live_blocks.hpp>
 #include <custody/pool/detail/live_counts.hpp>
 #include <custody/pool/detail/request.hpp>
 #include <custody/pool/detail/shard.hpp>
@@ -48,8 +49,8 @@ public:
     /// `map_granule`: the unit a pool that maps unmaps in (0: one that grows in chunks), which the
     /// shards' spans count whole units of.
     stream_caches(const pool_options& options, int device, std::size_t map_granule)
-        : hot_blocks_(options.record_interval - 1), hot_bytes_(options.record_bytes), map_granule_(map_granule),
-          device_(device),
+        : flags_(options.checked ? shard_head::checked_bit : 0), hot_blocks_(options.record_interval - 1),
+          hot_bytes_(options.record_bytes), map_granule_(map_granule), device_(device),
           events_(device >= 0 ? device : platform_type::current_device(), options.initial_events, options.event_batch),
           table_(options.max_streams) {}
     stream_caches(const stream_caches&) = delete;
@@ -62,37 +63,114 @@ public:
         return platform_type::stream_key(stream);
     }
 
-    /// The newest block of class_of(bytes) (bytes <= small_threshold) on the hot stack of the stream
-    /// whose key is `key`, into `p`; false when its shard is not in its index slot or the stack is
-    /// empty.
-    [[nodiscard, gnu::always_inline]] bool pop_fast(std::uintptr_t key, std::size_t bytes, void*& p) noexcept {
-        return pop(table_.home(key), key, bytes, p);
+    /// The newest block of class_of(bytes) (bytes <= small_threshold, alignment at most the granule)
+    /// on the hot stack of the stream whose key is `key`, into `p`; false when its shard is not in
+    /// its index slot or the stack is empty. In a checked pool the block is recorded as live.
+    [[nodiscard, gnu::always_inline]] bool pop_fast(std::uintptr_t key, std::size_t bytes, std::size_t alignment, void*& p) {
+        return pop(table_.home(key), key, bytes, alignment, p);
     }
     /// Pushes a block of class_of(bytes) onto the hot stack of the stream whose key is `key`; false
-    /// (nothing changed) when its shard is not in its index slot or the stack is full.
-    [[nodiscard, gnu::always_inline]] bool push_fast(std::uintptr_t key, std::uintptr_t address, std::size_t bytes) noexcept {
-        return push(table_.home(key), key, address, bytes);
+    /// (nothing changed) when its shard is not in its index slot or the stack is full. In a checked
+    /// pool the block is forgotten as live first; false too when it is not live as given back.
+    [[nodiscard, gnu::always_inline]] bool push_fast(std::uintptr_t key, std::uintptr_t address, std::size_t bytes,
+                                                     std::size_t alignment) noexcept {
+        return push(table_.home(key), key, address, bytes, alignment);
     }
-    /// pop_fast and push_fast for a pool whose index is off (it looks at every call): the shard
-    /// found in the table.
-    [[nodiscard]] bool pop_found(std::uintptr_t key, std::size_t bytes, void*& p) noexcept {
-        shard* sh = table_.find(key);
-        return sh != nullptr && pop(sh, key, bytes, p);
+    /// pop_fast and push_fast for a pool whose index is off (it looks at every call, and is not
+    /// checked): the same index slot, kept on.
+    [[nodiscard, gnu::always_inline]] bool pop_found(std::uintptr_t key, std::size_t bytes, void*& p) {
+        return pop(table_.any_home(key), key, bytes, granule, p);
     }
-    [[nodiscard]] bool push_found(std::uintptr_t key, std::uintptr_t address, std::size_t bytes) noexcept {
-        shard* sh = table_.find(key);
-        return sh != nullptr && push(sh, key, address, bytes);
+    [[nodiscard, gnu::always_inline]] bool push_found(std::uintptr_t key, std::uintptr_t address, std::size_t bytes) noexcept {
+        return push(table_.any_home(key), key, address, bytes, granule);
     }
     /// Turns the common path on or off (see stream_table::set_fast).
     void enable_fast(bool on) { table_.set_fast(on); }
 
+    /// Checked mode's record of the live blocks the careful way served (pool_options::checked);
+    /// each shard keeps those its common path served.
+    [[nodiscard]] live_blocks& live() noexcept { return live_; }
+    /// Checked mode: makes room in the table of the shard of the stream whose key is `key` (if it
+    /// has one) for one more block of its common path. Strong.
+    void reserve_live(std::uintptr_t key) {
+        shard* sh = table_.find(key);
+        if (sh == nullptr) return;
+        const std::lock_guard lock(sh->mutex);
+        sh->live.reserve_one();
+    }
+    /// Checked mode: forgets the live block at `address` when (`bytes`, `alignment`) match its
+    /// allocation, wherever it is recorded; false (nothing forgotten) otherwise.
+    [[nodiscard]] bool forget_live(std::uintptr_t address, std::size_t bytes, std::size_t alignment) noexcept {
+        if (live_.forget(address, bytes, alignment)) return true;
+        bool found = false;
+        table_.for_each([&](shard& sh) {
+            if (found) return;
+            const std::lock_guard lock(sh.mutex);
+            found = sh.live.forget(address, bytes, alignment);
+        });
+        return found;
+    }
+    /// Checked mode: what is wrong with the deallocate `m` that forget_live refused (see
+    /// live_blocks::misuse_of).
+    template <class InChunk>
+    [[nodiscard]] misuse misuse_of(misuse m, InChunk&& in_chunk) const noexcept {
+        misuse found;
+        table_.for_each([&](shard& sh) {
+            const std::lock_guard lock(sh.mutex);
+            if (const misuse f = sh.live.find(m.address); f.block != 0) found = f;
+        });
+        if (found.block == 0) return live_.misuse_of(m, in_chunk);
+        m.kind = found.block == m.address ? misuse_kind::wrong_size : misuse_kind::interior_pointer;
+        m.block = found.block;
+        m.block_bytes = found.block_bytes;
+        m.block_alignment = found.block_alignment;
+        return m;
+    }
+
 private:
-    [[nodiscard, gnu::always_inline]] bool pop(shard_head* head, std::uintptr_t key, std::size_t bytes, void*& p) noexcept {
+    [[nodiscard, gnu::always_inline]] bool pop(shard_head* head, std::uintptr_t key, std::size_t bytes, std::size_t alignment,
+                                               void*& p) {
         if (!head->serves(key)) [[unlikely]] return false;
         auto& sh = static_cast<shard&>(*head);
         sh.mutex.lock(); // by hand: nothing in between throws, and a lock_guard is not always inlined
         std::uintptr_t address = 0;
         if (!sh.serves_locked(key) || !sh.classes.try_pop(classes_[(bytes - 1) / granule], address)) [[unlikely]] {
+            return pop_checked(sh, key, bytes, alignment, p);
+        }
+        ++sh.pops;
+        if (sh.credit.try_spend(bytes)) [[likely]] {
+            sh.mutex.unlock();
+        } else {
+            counts_.commit_and_unlock(sh, sh.credit.overdrawn(bytes), each_shard());
+        }
+        p = reinterpret_cast<void*>(address);
+        return true;
+    }
+    [[nodiscard, gnu::always_inline]] bool push(shard_head* head, std::uintptr_t key, std::uintptr_t address,
+                                                std::size_t bytes, std::size_t alignment) noexcept {
+        if (!head->serves(key)) [[unlikely]] return false;
+        auto& sh = static_cast<shard&>(*head);
+        sh.mutex.lock();
+        if (!sh.serves_locked(key) || !sh.classes.try_push(classes_[(bytes - 1) / granule], address)) [[unlikely]] {
+            return push_checked(sh, key, address, bytes, alignment);
+        }
+        sh.credit.add(bytes);
+        sh.mutex.unlock();
+        return true;
+    }
+
+    /// pop's rare branch (the shard's lock held; released here): in a checked pool whose shard
+    /// serves `key`, the pop recorded among the live blocks (when the record needs no allocation;
+    /// else false, for the careful way to make room first); false otherwise.
+    [[gnu::always_inline]] bool pop_checked(shard& sh, std::uintptr_t key, std::size_t bytes, std::size_t alignment, void*& p) {
+        const std::size_t c = classes_[(bytes - 1) / granule];
+        std::uintptr_t address = 0;
+        if (sh.owner != (key | flags_) || flags_ == 0 || !sh.classes.try_pop(c, address)) {
+            sh.mutex.unlock();
+            return false;
+        }
+        if (!sh.live.try_add(address, bytes, alignment)) {
+            static_cast<void>(sh.classes.try_push(c, address)); // back where it was
             sh.mutex.unlock();
             return false;
         }
@@ -105,15 +183,17 @@ private:
         p = reinterpret_cast<void*>(address);
         return true;
     }
-    [[nodiscard, gnu::always_inline]] bool push(shard_head* head, std::uintptr_t key, std::uintptr_t address,
-                                                std::size_t bytes) noexcept {
-        if (!head->serves(key)) [[unlikely]] return false;
-        auto& sh = static_cast<shard&>(*head);
-        sh.mutex.lock();
-        if (!sh.serves_locked(key) || !sh.classes.try_push(classes_[(bytes - 1) / granule], address)) [[unlikely]] {
+    /// push's rare branch (the shard's lock held; released here): in a checked pool whose shard
+    /// serves `key`, the push once the block is forgotten as live, as given back; false otherwise
+    /// (the careful way then reports a misuse, or finds room).
+    [[gnu::always_inline]] bool push_checked(shard& sh, std::uintptr_t key, std::uintptr_t address, std::size_t bytes,
+                                        std::size_t alignment) noexcept {
+        const std::size_t c = classes_[(bytes - 1) / granule];
+        if (sh.owner != (key | flags_) || flags_ == 0 || sh.classes.hot_room(c) == 0 || !sh.live.forget(address, bytes, alignment)) {
             sh.mutex.unlock();
             return false;
         }
+        static_cast<void>(sh.classes.try_push(c, address));
         sh.credit.add(bytes);
         sh.mutex.unlock();
         return true;
@@ -131,12 +211,12 @@ public:
         check_device(stream);
         return table_.find_or_create(key, [&](shard* reuse) {
             if (reuse == nullptr) {
-                auto made = std::make_unique<shard>(key, events_.acquire(), hot_blocks_, hot_bytes_);
+                auto made = std::make_unique<shard>(key, flags_, events_.acquire(), hot_blocks_, hot_bytes_);
                 for (auto& set : made->spans) set.count_whole(map_granule_); // what release_granules reads
                 return made.release();
             }
             std::lock_guard lock(reuse->mutex);
-            reuse->serve(key);
+            reuse->serve(key, flags_);
             return reuse;
         });
     }
@@ -284,6 +364,7 @@ private:
     /// class_by_granule, here so that the common path finds it from the pool's address (no
     /// position-independent load of the table's address)
     const std::array<std::uint8_t, small_threshold / granule> classes_ = class_by_granule;
+    std::uintptr_t flags_;   ///< shard_head::checked_bit in a checked pool (its shards' owner carries it), else 0
     std::size_t hot_blocks_; ///< record_interval - 1: the uncovered blocks a class's hot stack keeps
     std::size_t hot_bytes_;  ///< record_bytes: the bytes the hot stacks' caps may grow to
     std::size_t map_granule_;
@@ -291,6 +372,7 @@ private:
     event_pool<platform_type> events_;
     stream_table<shard> table_;
     live_counts<shard> counts_; ///< live bytes = the shards' credit.live() + counts_.slow()'s
+    live_blocks live_;          ///< checked mode: the blocks handed out
     mutable std::mutex sweep_mutex_; ///< guards retired_
     counters retired_;               ///< the counts of retired shards
     std::uint64_t retired_fast_ = 0; ///< their common-path allocations

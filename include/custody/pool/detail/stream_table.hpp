@@ -28,7 +28,8 @@ namespace custody::pool::detail {
 ///   found by probing linearly from slot_of(K), and every retired one is in spare_
 ///   a slot is a shard, empty (nullptr: probing stops) or a tombstone (a retired key: probing goes
 ///   on); no tombstone is directly followed by an empty slot (those become empty themselves)
-///   home_[i] is &nobody_, or (while fast_) a shard serving a key k with k mod 256 = i
+///   all_[i] is &nobody_ or the first shard made serving a key k with k mod 256 = i;
+///   home_[i] = (fast_ ? all_[i] : &nobody_)
 /// Thread safety: find and for_each are lock-free (acquire loads of slots and keys published with
 /// release stores); find_or_create and retire serialize on a mutex. A thread that found a shard
 /// checks its key again under the shard's lock (retire changes it under that lock).
@@ -44,6 +45,7 @@ public:
           table_(std::make_unique<std::atomic<Shard*>[]>(slots_)),
           list_(std::make_unique<std::atomic<Shard*>[]>(capacity)) {
         for (auto& h : home_) h.store(&nobody_, std::memory_order_relaxed);
+        for (auto& h : all_) h.store(&nobody_, std::memory_order_relaxed);
     }
     stream_table(const stream_table&) = delete;
     stream_table& operator=(const stream_table&) = delete;
@@ -56,6 +58,10 @@ public:
     /// holds a shard.
     [[nodiscard, gnu::always_inline]] head_type* home(std::uintptr_t key) const noexcept {
         return home_[key & (home_slots - 1)].load(std::memory_order_acquire);
+    }
+    /// home(key), on whether the index is on or off (for a pool that looks at every call).
+    [[nodiscard, gnu::always_inline]] head_type* any_home(std::uintptr_t key) const noexcept {
+        return all_[key & (home_slots - 1)].load(std::memory_order_acquire);
     }
 
     /// The shard of `key`; nullptr when there is none. The first slot probed holds it unless two
@@ -109,8 +115,10 @@ public:
             size_.store(n + 1, std::memory_order_release);
         }
         table_[free_slot].store(made, std::memory_order_release);
-        auto& h = home_[key & (home_slots - 1)];
-        if (fast_ && h.load(std::memory_order_relaxed) == &nobody_) h.store(made, std::memory_order_release);
+        for (auto* index : {&home_, &all_}) {
+            auto& h = (*index)[key & (home_slots - 1)];
+            if ((fast_ || index == &all_) && h.load(std::memory_order_relaxed) == &nobody_) h.store(made, std::memory_order_release);
+        }
         return made;
     }
 
@@ -122,7 +130,7 @@ public:
         for (std::size_t i = slot_of(key), probes = 0; probes < slots_; i = (i + 1) & (slots_ - 1), ++probes) {
             if (table_[i].load(std::memory_order_relaxed) != sh) continue;
             table_[i].store(tombstone(), std::memory_order_release);
-            if (home_[key & (home_slots - 1)].load(std::memory_order_relaxed) == sh) index(key & (home_slots - 1), sh);
+            if (all_[key & (home_slots - 1)].load(std::memory_order_relaxed) == sh) index(key & (home_slots - 1), sh);
             // Tombstones right before an empty slot end no probe that could go further: empty them.
             for (std::size_t j = i; table_[(j + 1) & (slots_ - 1)].load(std::memory_order_relaxed) == nullptr &&
                                     table_[j].load(std::memory_order_relaxed) == tombstone();
@@ -173,9 +181,10 @@ private:
         head_type* next = &nobody_;
         for_each([&](Shard& sh) {
             const std::uintptr_t k = sh.key.load(std::memory_order_relaxed);
-            if (next == &nobody_ && fast_ && &sh != gone && k != head_type::no_stream && (k & (home_slots - 1)) == i) next = &sh;
+            if (next == &nobody_ && &sh != gone && k != head_type::no_stream && (k & (home_slots - 1)) == i) next = &sh;
         });
-        home_[i].store(next, std::memory_order_release);
+        all_[i].store(next, std::memory_order_release);
+        home_[i].store(fast_ ? next : &nobody_, std::memory_order_release);
     }
 
     static constexpr std::size_t home_slots = 256;
@@ -183,6 +192,7 @@ private:
     inline static constinit head_type nobody_{head_type::no_stream};
 
     std::array<std::atomic<head_type*>, home_slots> home_; ///< the common path's index
+    std::array<std::atomic<head_type*>, home_slots> all_;  ///< the same, never off
     bool fast_ = true;                                    ///< the index is on; guarded by mutex_
     std::size_t capacity_;
     std::size_t slots_;
