@@ -1,15 +1,16 @@
 // The pool's bookkeeping in detail/, apart from memory, streams and locks: size classes, the free
-// set, the class lists and their covered rule, the recent blocks, the chunk map, the growth rule,
+// set, the class stacks and their covered rule, the recent blocks, the chunk map, the growth rule,
 // the peak counter, the stream table and the event pool.
 #include <custody/platform/host.hpp>
 #include <custody/pool/detail/chunk_map.hpp>
-#include <custody/pool/detail/class_lists.hpp>
+#include <custody/pool/detail/class_stacks.hpp>
 #include <custody/pool/detail/event_pool.hpp>
 #include <custody/pool/detail/free_set.hpp>
 #include <custody/pool/detail/growth.hpp>
 #include <custody/pool/detail/peak_counter.hpp>
 #include <custody/pool/detail/recent_blocks.hpp>
 #include <custody/pool/detail/request.hpp>
+#include <custody/pool/detail/shard.hpp>
 #include <custody/pool/detail/size_classes.hpp>
 #include <custody/pool/detail/stream_table.hpp>
 
@@ -148,82 +149,81 @@ TEST_CASE("a request is classified once: size class and block size when small, g
     CHECK(detail::other(detail::block_kind::large) == detail::block_kind::small);
 }
 
-// ---- class lists: the covered rule ---------------------------------------------------------------
+// ---- class stacks: the hot side and the covered side --------------------------------------------
 
-TEST_CASE("class lists: blocks given back before a record are covered, those after are not", "[pool][classes]") {
-    detail::class_lists lists;
-    lists.push(3, 0x1000);
-    lists.push(3, 0x2000);
-    CHECK(lists.covered(3) == 0); // no record yet
-    lists.on_record();
-    CHECK(lists.covered(3) == 2);
-    lists.push(3, 0x3000); // after the record
-    CHECK(lists.covered(3) == 2);
-    CHECK(lists.count(detail::which_blocks::all) == 3);
-    CHECK(lists.count(detail::which_blocks::covered) == 2);
-    // The newest covered block is the second, not the uncovered third.
-    CHECK(lists.newest_covered(3, 256) == 0x2000);
-    CHECK(lists.take_newest_covered(3, 256) == 0x2000);
-    CHECK(lists.covered(3) == 1);
-    // Popping (the stream's own reuse) takes the newest, covered or not.
-    CHECK(lists.pop(3, 256) == 0x3000);
-    CHECK(lists.pop(3, 256) == 0x1000);
-    CHECK(lists.covered(3) == 0);
-    CHECK(lists.pop(3, 256) == 0);
-}
-
-TEST_CASE("class lists: alignment is honoured and taking the covered blocks leaves the others uncovered",
+TEST_CASE("class stacks: the common path pushes and pops a hot stack within its cap; a flush covers it",
           "[pool][classes]") {
-    detail::class_lists lists;
-    lists.push(0, 0x10100); // 256-aligned only
-    CHECK(lists.pop(0, 4096) == 0);
-    CHECK(lists.pop(0, 256) == 0x10100);
-    lists.push(7, 0xA000);
-    lists.push(9, 0xB000);
-    lists.on_record();
-    lists.push(7, 0xC000);
-    std::vector<std::uintptr_t> taken;
-    lists.take(detail::which_blocks::covered, [&](std::uintptr_t a, std::size_t size) {
-        taken.push_back(a);
-        CHECK(size == detail::class_size(a == 0xB000 ? 9 : 7));
-    });
-    CHECK(taken == std::vector<std::uintptr_t>{0xA000, 0xB000});
-    CHECK(lists.count(detail::which_blocks::all) == 1);
-    CHECK(lists.count(detail::which_blocks::covered) == 0); // 0xC000 came after the record
-    lists.on_record();
-    CHECK(lists.count(detail::which_blocks::covered) == 1);
-    CHECK(lists.largest() == detail::class_size(7));
-}
-
-TEST_CASE("class lists: a block given back in the current epoch is never covered, across the tag's wrap",
-          "[pool][classes]") {
-    detail::class_lists lists(std::numeric_limits<std::uint32_t>::max() - 1);
-    lists.push(1, 0x1000);
-    lists.on_record(); // the tag wraps here within 2 records
-    lists.push(2, 0x2000);
-    CHECK(lists.covered(1) == 1);
-    CHECK(lists.covered(2) == 0);
-    lists.on_record();
-    CHECK(lists.covered(1) == 1);
-    CHECK(lists.covered(2) == 1);
-    lists.push(2, 0x3000);
-    CHECK(lists.covered(2) == 1); // 0x3000 came after the record
-    CHECK(lists.newest_covered(2, 256) == 0x2000);
-    // Tags come round every 256 records: blocks held then are relabelled, so an old block never
-    // looks given back in the current epoch, and a new one always does.
-    detail::class_lists again;
-    again.push(5, 0x5000);
-    for (int i = 0; i < 600; ++i) {
-        again.on_record();
-        REQUIRE(again.covered(5) == 1);
-    }
-    again.push(5, 0x6000);
-    CHECK(again.covered(5) == 1);
-    again.on_record();
-    CHECK(again.covered(5) == 2);
+    detail::class_stacks stacks(63, 64 * MiB);
     std::uintptr_t a = 0;
-    CHECK(again.try_pop(5, a));
-    CHECK(a == 0x6000); // the tag never shows in an address handed out
+    CHECK_FALSE(stacks.try_pop(3, a));             // nothing yet
+    CHECK_FALSE(stacks.try_push(3, 0x1000));       // no storage before a careful push makes it
+    REQUIRE(stacks.push(3, 0x1000));               // the careful way makes it
+    REQUIRE(stacks.try_push(3, 0x2000));
+    CHECK(stacks.hot_count(3) == 2);
+    CHECK(stacks.count(detail::which_blocks::covered) == 0); // hot blocks are never covered
+    CHECK(stacks.try_pop(3, a));
+    CHECK(a == 0x2000); // newest first
+    // The common path counts nothing; what it did is derived from the careful moves.
+    CHECK(stacks.fast_pushes(1) == 1); // a careful push (0x1000), then a common push and a common pop
+    CHECK(stacks.fast_block_bytes() == 0);
+    stacks.flush(); // a record: every hot block is covered
+    CHECK(stacks.hot_count(3) == 0);
+    CHECK(stacks.cold_count(3) == 1);
+    CHECK(stacks.cold_bytes() == detail::class_size(3));
+    CHECK(stacks.count(detail::which_blocks::covered) == 1);
+    CHECK_FALSE(stacks.try_pop(3, a));           // the common path sees no cold block
+    CHECK(stacks.refill_from_cold(3) == 1);      // the careful way brings it back
+    CHECK(stacks.pop(3, 256) == 0x1000);
+    CHECK(stacks.bytes() == 0);
+    CHECK(stacks.fast_pushes(1) == 1);           // unchanged by the careful moves
+}
+
+TEST_CASE("class stacks: caps start at 256 KiB of a class, grow on a miss, stay within the budget",
+          "[pool][classes]") {
+    detail::class_stacks stacks(63, 2 * MiB);
+    const std::size_t big = detail::class_count - 1; // 1 MiB blocks: one of them at first
+    CHECK(stacks.cap(big) == 1);
+    CHECK(stacks.cap(0) == 63); // 256-byte blocks: the most a class keeps
+    REQUIRE(stacks.push(big, 0x100000));
+    CHECK_FALSE(stacks.try_push(big, 0x200000)); // full: the careful way covers it
+    CHECK(stacks.refill_from_cold(big) == 0);    // a miss: the cap doubles, within 2 MiB in all
+    CHECK(stacks.cap(big) == 2);
+    CHECK(stacks.try_push(big, 0x200000));
+    CHECK(stacks.refill_from_cold(big) == 0);
+    CHECK(stacks.cap(big) == 2); // 4 MiB would pass the budget
+    // A stack that cannot cover its blocks holds more than its cap; the common path sees it full.
+    CHECK(stacks.push_beyond_cap(big, 0x300000));
+    CHECK(stacks.hot_count(big) == 3);
+    CHECK(stacks.hot_room(big) == 0);
+    CHECK_FALSE(stacks.try_push(big, 0x400000));
+    // No hot stacks at all (record_interval 1): every block given back is covered at once.
+    detail::class_stacks none(0, 64 * MiB);
+    CHECK_FALSE(none.push(0, 0x1000));
+    CHECK(none.cap(0) == 0);
+}
+
+TEST_CASE("class stacks: other streams take cold blocks only, oldest first", "[pool][classes]") {
+    detail::class_stacks stacks(63, 64 * MiB);
+    REQUIRE(stacks.push(7, 0xA000));
+    REQUIRE(stacks.push(9, 0xB000));
+    stacks.flush(7); // only class 7's record-covered blocks move
+    REQUIRE(stacks.push(7, 0xC000));
+    std::vector<std::uintptr_t> taken;
+    stacks.take(detail::which_blocks::covered, [&](std::uintptr_t a, std::size_t size) {
+        taken.push_back(a);
+        CHECK(size == detail::class_size(7));
+    });
+    CHECK(taken == std::vector<std::uintptr_t>{0xA000});
+    CHECK(stacks.count(detail::which_blocks::all) == 2); // 0xB000 and 0xC000 stay hot
+    const std::uintptr_t cold[] = {0x10000, 0x20000, 0x30000};
+    stacks.push_cold(5, cold, 3);
+    std::vector<std::uintptr_t> oldest;
+    CHECK(stacks.take_cold(5, 2, [&](std::uintptr_t a) { oldest.push_back(a); }) == 2);
+    CHECK(oldest == std::vector<std::uintptr_t>{0x10000, 0x20000});
+    CHECK(stacks.largest() == detail::class_size(9));
+    stacks.take(detail::which_blocks::all, [](std::uintptr_t, std::size_t) {});
+    CHECK(stacks.count(detail::which_blocks::all) == 0);
+    CHECK(stacks.bytes() == 0);
 }
 
 // ---- recent large blocks -------------------------------------------------------------------------
@@ -356,9 +356,9 @@ TEST_CASE("peak counter: a stream's credit covers its own reuse; a new peak take
 // ---- the stream table ----------------------------------------------------------------------------
 
 namespace {
-struct fake_shard {
-    explicit fake_shard(std::uintptr_t k) : key(k) {}
-    std::atomic<std::uintptr_t> key;
+struct fake_shard : detail::shard_head {
+    using head_type = detail::shard_head;
+    explicit fake_shard(std::uintptr_t k) : shard_head(k) {}
 };
 } // namespace
 
@@ -369,7 +369,7 @@ TEST_CASE("stream table: one shard per key, found without creating, none past th
         return [&made, key](fake_shard* reuse) {
             ++made;
             if (reuse != nullptr) {
-                reuse->key = key;
+                reuse->set_key(key);
                 return reuse;
             }
             return new fake_shard(key);
@@ -379,6 +379,8 @@ TEST_CASE("stream table: one shard per key, found without creating, none past th
     fake_shard* a = table.find_or_create(0x10, make(0x10));
     REQUIRE(a != nullptr);
     CHECK(table.find(0x10) == a);
+    CHECK(table.home(0x10) == a); // the common path's index
+    CHECK_FALSE(table.home(0x20)->serves(0x20));
     CHECK(table.find_or_create(0x10, make(0x10)) == a);
     fake_shard* b = table.find_or_create(0x20, make(0x20));
     CHECK(b != nullptr);
@@ -389,9 +391,10 @@ TEST_CASE("stream table: one shard per key, found without creating, none past th
     table.for_each([&](fake_shard& s) { keys.push_back(s.key); });
     CHECK(keys == std::vector<std::uintptr_t>{0x10, 0x20});
     // A retired shard serves the next new key; the retired key is found no more, the others still.
-    a->key = ~std::uintptr_t{0};
+    a->set_key(~std::uintptr_t{0});
     table.retire(a, 0x10);
     CHECK(table.find(0x10) == nullptr);
+    CHECK_FALSE(table.home(0x10)->serves(0x10));
     CHECK(table.find(0x20) == b);
     CHECK(table.serving() == 1);
     CHECK(table.find_or_create(0x30, make(0x30)) == a);
@@ -400,7 +403,7 @@ TEST_CASE("stream table: one shard per key, found without creating, none past th
     CHECK(table.serving() == 2);
     // Keys that collide keep finding each other through retired slots, many times over.
     for (std::uintptr_t k = 0x40; k < 0x40 + 64 * 0x10; k += 0x10) {
-        b->key = ~std::uintptr_t{0};
+        b->set_key(~std::uintptr_t{0});
         table.retire(b, k == 0x40 ? 0x20 : k - 0x10);
         REQUIRE(table.find_or_create(k, make(k)) == b);
         REQUIRE(table.find(k) == b);
@@ -412,4 +415,23 @@ TEST_CASE("stream table: one shard per key, found without creating, none past th
                     std::bad_alloc);
     CHECK(other.size() == 0);
     CHECK(other.find(0x40) == nullptr);
+}
+
+TEST_CASE("stream table: the common path's index holds one shard per slot, none while it is off",
+          "[pool][streams]") {
+    detail::stream_table<fake_shard> table(4);
+    const auto make = [](std::uintptr_t key) { return [key](fake_shard*) { return new fake_shard(key); }; };
+    fake_shard* a = table.find_or_create(0x110, make(0x110));
+    fake_shard* b = table.find_or_create(0x210, make(0x210)); // the same slot (key mod 256)
+    CHECK(table.home(0x110) == a);
+    CHECK_FALSE(table.home(0x210)->serves(0x210)); // found the careful way
+    CHECK(table.find(0x210) == b);
+    table.set_fast(false); // a capture is routed: the common path finds nothing
+    CHECK_FALSE(table.home(0x110)->serves(0x110));
+    CHECK(table.find(0x110) == a);
+    table.set_fast(true);
+    CHECK(table.home(0x110) == a);
+    a->set_key(~std::uintptr_t{0});
+    table.retire(a, 0x110); // the slot passes to the other shard of that slot
+    CHECK(table.home(0x210) == b);
 }

@@ -686,6 +686,45 @@ TEST_CASE("a checked pool refuses each misuse of deallocate with a typed report 
     check_accounting(pool);
 }
 
+TEST_CASE("a checked pool's common path records its blocks with their stream and refuses the same misuses",
+          "[pool][checked]") {
+    misuses_seen().clear();
+    misuses_seen().reserve(16);
+    pool_options o;
+    o.checked = true;
+    o.on_misuse = &record_misuse;
+    stream_ordered_pool<simulated_device_memory> pool(o, 0, 64 * MiB);
+    custody::host::stream s;
+    custody::host::stream t;
+    // The first pair makes the stream's stack and its table of live blocks; the next blocks come
+    // from the stack, recorded in that table.
+    pool.deallocate(s, pool.allocate(s, 4096, 256), 4096, 256);
+    pool.deallocate(s, pool.allocate(s, 4096, 256), 4096, 256);
+    const auto fast_before = pool.detailed_statistics().fast_allocations;
+    void* a = pool.allocate(s, 4096, 256);
+    void* c = pool.allocate(s, 4096, 256);
+    CHECK(pool.detailed_statistics().fast_allocations > fast_before); // at least one from the stack
+    using custody::pool::misuse_kind;
+    pool.deallocate(s, a, 4000, 256);                              // another size
+    pool.deallocate(s, a, 4096, 128);                              // another alignment
+    pool.deallocate(s, static_cast<char*>(c) + 512, 1024, 256);    // inside a live block
+    REQUIRE(misuses_seen().size() == 3);
+    CHECK(misuses_seen()[0].kind == misuse_kind::wrong_size);
+    CHECK(misuses_seen()[0].block_bytes == 4096);
+    CHECK(misuses_seen()[1].kind == misuse_kind::wrong_size);
+    CHECK(misuses_seen()[1].block_alignment == 256);
+    CHECK(misuses_seen()[2].kind == misuse_kind::interior_pointer);
+    CHECK(misuses_seen()[2].block == reinterpret_cast<std::uintptr_t>(c));
+    pool.deallocate(t, a, 4096, 256); // on another stream: found in s's table, given back on t
+    pool.deallocate(t, a, 4096, 256); // and then it is a double free
+    pool.deallocate(s, c, 4096, 256);
+    REQUIRE(misuses_seen().size() == 4);
+    CHECK(misuses_seen()[3].kind == misuse_kind::double_free);
+    CHECK(pool.detailed_statistics().misuses == 4);
+    CHECK(pool.statistics().live_allocations == 0);
+    check_accounting(pool);
+}
+
 TEST_CASE("without a misuse callback a checked pool reports the misuse as a failure", "[pool][checked]") {
     failure_log log;
     pool_options o;

@@ -99,23 +99,26 @@ struct pool_options {
     /// Cross-stream reuse (see reuse_policy). Default: follow_dependencies, as cudaMallocAsync.
     reuse_policy reuse = reuse_policy::follow_dependencies;
 
-    /// A stream's event is recorded once per `record_interval` blocks given back on it (and
-    /// whenever its blocks move into its free spans), not at every free: recording is a driver
-    /// call (`cudaEventRecord`: hundreds of nanoseconds at best), the rest of a free a few nanoseconds. Blocks
-    /// given back since the stream's last record serve only that stream (always safe) until the
-    /// next record covers them; the last resort before out_of_memory takes them after
-    /// synchronizing the device. 64: a decode step gives back hundreds of blocks per stream, so
-    /// other streams see them within a fraction of a step, for about 1/64 of a record per free.
-    /// 1 records at every free (RMM's and CUB's behaviour); 0 is taken as 1.
+    /// A stream keeps at most `record_interval - 1` size-class blocks of one class given back on it
+    /// for itself (its hot stack for that class: the common path's push and pop), not covered by
+    /// an event: the next one records the stream's event (`cudaEventRecord`, hundreds of nanoseconds
+    /// at best, where a push is a few), and the class's blocks move to the covered side, which other
+    /// streams may take once the event has completed. A stack's cap starts at max(1, 256 KiB /
+    /// block size) blocks and doubles as the stream's own allocations of the class miss, up to
+    /// record_interval - 1 and within record_bytes over the stream's classes: a consumer stream
+    /// (which gives back what another allocates) keeps few. Blocks not yet covered serve only their
+    /// stream; the last resort before out_of_memory takes them after synchronizing the device.
+    /// 1 covers every free at once (RMM's and CUB's behaviour); 0 is taken as 1.
     std::size_t record_interval = 64;
-    /// ... or as soon as the blocks given back on the stream since its last record reach this
-    /// many bytes: a large buffer given back on a quiet stream (a communication buffer freed once
-    /// a step) then serves other streams at once, for one record per 64 MiB.
+    /// The bytes a stream's hot stacks may grow to (see record_interval); and as soon as the large
+    /// blocks given back on a stream since its last record reach this many bytes, it records: a
+    /// large buffer given back on a quiet stream (a communication buffer freed once a step) then
+    /// serves other streams at once, for one record per 64 MiB.
     std::size_t record_bytes = std::size_t{64} << 20;
-    /// ... or as soon as they reach the pool's reserve / record_share: a consumer stream that
-    /// gives back blocks a producer stream allocated covers them before the producer must grow the
-    /// pool (with 8, a producer/consumer pair keeps the reserve within 1.5x of the live peak; see
-    /// the benchmark cross_stream/*). 0: record_interval and record_bytes alone.
+    /// ... or as soon as those large blocks reach the pool's reserve / record_share: a consumer
+    /// stream that gives back blocks a producer stream allocated covers them before the producer
+    /// must grow the pool (with 8, a producer/consumer pair keeps the reserve within 1.5x of the
+    /// live peak; see the benchmark cross_stream/*). 0: record_bytes alone.
     std::size_t record_share = 8;
 
     /// The whole-device budget: the pool grows only while the device keeps `device_headroom` bytes

@@ -1,17 +1,16 @@
 /// @file
 /// `stream_ordered_pool`: memory taken from an upstream resource and handed out in stream order,
 /// in two layers with one seam (docs/pool.md draws them):
-///   front     detail/stream_caches.hpp   a shard per stream (detail/shard.hpp): size-class stacks
-///                                        (class_lists.hpp), recent large blocks, own spans, event
-///   seam      detail/seam.hpp            the slow path's ladder and every rule that moves memory
-///                                        between streams or to the back end: events, reuse
-///                                        policy, working sets, the bound, the reclaim
-///   back end  detail/shared_store.hpp    the shared free set (free_set.hpp) over one mapped range
-///                                        (mapped_growth.hpp) or chunks (chunked_growth.hpp)
-///   counts    detail/live_counts.hpp     live bytes and their exact peak (peak_counter.hpp)
-///   capture   detail/capture_store.hpp   capture-private pools (the scope: capture_scope.hpp)
-///   a call is classified once (detail/request.hpp); options and statistics: pool_options.hpp,
-///   pool_statistics.hpp; checked mode: detail/live_blocks.hpp, pool_misuse.hpp
+///   front     detail/stream_caches.hpp  a shard per stream (shard.hpp): hot and cold size-class
+///                                       stacks (class_stacks.hpp), recent large blocks, own spans
+///   seam      detail/covering.hpp       when a stream's blocks become others': events, retirement
+///             detail/seam.hpp           a miss's ladder: other streams' blocks as the reuse policy
+///                                       allows, working sets, the bound, the reclaim, unmapping
+///   back end  detail/shared_store.hpp   the shared free set (free_set.hpp) over one mapped range
+///                                       (mapped_growth.hpp) or chunks (chunked_growth.hpp)
+///   capture   detail/capture_store.hpp  capture-private pools (the scope: capture_scope.hpp)
+///   a call is classified once (detail/request.hpp); live bytes and their exact peak:
+///   detail/live_counts.hpp; checked mode: detail/live_blocks.hpp, pool_misuse.hpp
 #pragma once
 
 #include <custody/core/align.hpp>
@@ -19,24 +18,18 @@
 #include <custody/core/discarding.hpp>
 #include <custody/core/detail/memory_annotations.hpp>
 #include <custody/core/error.hpp>
-#include <custody/core/failure_callback.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/platform/platform.hpp>
-#include <custody/platform/capture.hpp>
 #include <custody/pool/capture_error.hpp>
 #include <custody/pool/capture_pool_id.hpp>
 #include <custody/pool/detail/capture_store.hpp>
-#include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/counters.hpp>
-#include <custody/pool/detail/free_set.hpp>
+#include <custody/pool/detail/covering.hpp>
 #include <custody/pool/detail/growth.hpp>
 #include <custody/pool/detail/live_blocks.hpp>
-#include <custody/pool/detail/live_counts.hpp>
-#include <custody/pool/detail/peak_counter.hpp>
 #include <custody/pool/detail/request.hpp>
 #include <custody/pool/detail/seam.hpp>
-#include <custody/pool/detail/shard.hpp>
 #include <custody/pool/detail/shared_store.hpp>
 #include <custody/pool/detail/size_classes.hpp>
 #include <custody/pool/detail/stream_caches.hpp>
@@ -50,10 +43,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <optional>
-#include <mutex>
 #include <new>
-#include <stdexcept>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -111,12 +102,13 @@ public:
         : upstream_(std::forward<Args>(upstream_args)...), options_(detail::validated(options, upstream_)),
           device_(detail::device_of(upstream_)), annotations_(options_.annotate),
           watched_(options_.checked || annotations_.on()), store_(upstream_, options_, device_, annotations_),
-          streams_(options_, device_, store_, activity_, counts_.counter()), seam_(options_, streams_, store_, activity_),
+          front_(options_, device_, store_.map_granule()), covering_(options_, front_, store_, activity_),
+          seam_(options_, front_, covering_, store_, activity_),
           request_limit_(detail::growth_rule(options_).request_limit()),
           capture_store_(upstream_, device_, chunk_alignment, options_.growth_step, options_.check_capture,
                          [this](std::size_t n) { return store_.may_take(n + capture_store_.reserved_bytes()); },
-                         annotations_, watched_) {
-        if (options_.initial_size > 0 && !store_.grow_exactly(block_kind::large, align_up(options_.initial_size, granule))) {
+                         annotations_, annotations_.on(), [this](bool quiet) { front_.enable_fast(quiet); }) {
+        if (options_.initial_size > 0 && !store_.grow_exactly(detail::block_kind::large, align_up(options_.initial_size, granule))) {
             const std::string limits = store_.describe_limits(options_.initial_size);
             throw out_of_memory(options_.initial_size, chunk_alignment, device_, statistics(), name,
                                 "the pool's initial size could not be taken from its upstream" +
@@ -135,7 +127,7 @@ public:
     /// Waits for the work recorded on every stream's event, reports blocks still out, and gives
     /// every chunk back to the upstream.
     ~stream_ordered_pool() {
-        streams_.wait_all();
+        covering_.wait_all();
         detail::report_leaks(statistics());
         store_.release_all();
     }
@@ -174,22 +166,12 @@ public:
 
     /// Counters of the whole pool. Exact when no call is in flight; O(streams) (each shard's
     /// lock is taken briefly to read its counters).
-    [[nodiscard]] resource_statistics statistics() const {
-        counters c = counts_.slow().load();
-        streams_.for_each([&](shard& sh) {
-            std::lock_guard lock(sh.mutex);
-            c += sh.totals();
-        });
-        streams_.add_retired(c);
-        return totals(c);
-    }
+    [[nodiscard]] resource_statistics statistics() const { return totals(front_.totals()); }
 
     /// Everything statistics() says and where the free memory is (see pool_statistics).
     [[nodiscard]] pool_statistics detailed_statistics() const {
         pool_statistics p;
-        counters c = counts_.slow().load();
-        streams_.add_to(p, c);
-        streams_.add_retired(c);
+        const counters c = front_.totals(&p);
         store_.add_to(p);
         const detail::capture_figures f = capture_store_.figures();
         p.capture_reserved_bytes = f.reserved_bytes;
@@ -200,8 +182,7 @@ public:
         p.upstream_deallocations += f.upstream_deallocations;
         p.totals = totals(c);
         p.live_block_bytes = static_cast<std::size_t>(c.block_bytes);
-        p.streams = streams_.size();
-        p.fast_allocations = c.allocations - counts_.slow().allocations();
+        p.streams = front_.size();
         activity_.add_to(p);
         return p;
     }
@@ -272,15 +253,14 @@ public:
     CUSTODY_FORWARD_DISCARDING(Upstream, upstream_)
 
 private:
-    using block_kind = detail::block_kind;
     using counters = detail::counters;
-    using shard = typename detail::stream_caches<Upstream>::shard;
+    using request = detail::request;
 
     /// The pool-wide counters with the call counts `c` summed over the shards.
     [[nodiscard]] resource_statistics totals(const counters& c) const {
         resource_statistics s = capture_store_.figures().totals();
         s.live_bytes += static_cast<std::size_t>(std::max<std::int64_t>(c.live_bytes, 0));
-        s.peak_live_bytes = std::max(counts_.peak(), s.live_bytes);
+        s.peak_live_bytes = std::max(front_.peak(), s.live_bytes);
         s.reserved_bytes += store_.reserved();
         s.peak_reserved_bytes = std::max(store_.peak_reserved(), s.reserved_bytes);
         s.allocations += c.allocations;
@@ -289,67 +269,48 @@ private:
         return s;
     }
 
-    // ---- the fast path: a size-class block of the stream's own lists, nothing else to look at ----
+    // ---- the common path: the stream's own hot stack, nothing else to look at ----
 
-    /// allocate, with the pool's device current when `stream` is the default stream. The fast path
-    /// reads the request's class, the capture state, the stream's shard and its list under its
-    /// lock; everything else goes the careful way.
+    /// allocate, with the pool's device current when `stream` is the default stream: a size-class
+    /// block of the stream's hot stack, else the careful way. While a capture concerns the pool (or
+    /// it looks at every call) the index finds no stream's shard (see capture_store::update_attention).
     [[gnu::always_inline]] void* allocate_on(stream_type stream, std::size_t bytes, std::size_t alignment) {
-        if (bytes - 1 < capture_store_.fast_limit() && detail::fits_granule(alignment)) [[likely]] {
-            const std::uintptr_t key = streams_.key_of(stream);
-            if (shard* sh = streams_.find(key)) [[likely]] {
-                void* p = nullptr;
-                if (pop_class(*sh, key, detail::class_of(bytes), bytes, p)) [[likely]] return p;
-            }
+        if (bytes - 1 < small_threshold && detail::fits_granule(alignment)) [[likely]] {
+            void* p = nullptr;
+            if (front_.pop_fast(front_.key_of(stream), bytes, alignment, p)) [[likely]] return p;
         }
         return allocate_careful(stream, bytes, alignment);
     }
     /// deallocate, with the pool's device current when `stream` is the default stream.
     [[gnu::always_inline]] void deallocate_on(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-        if (ptr != nullptr && bytes - 1 < capture_store_.fast_limit() && !capture_store_.owns(address)) [[likely]] {
-            const std::uintptr_t key = streams_.key_of(stream);
-            if (shard* sh = streams_.find(key)) [[likely]] {
-                if (streams_.give_back_class(*sh, stream, key, address, detail::class_of(bytes), bytes)) [[likely]] return;
-            }
+        if (ptr != nullptr && bytes - 1 < small_threshold && !capture_store_.owns(address)) [[likely]] {
+            if (front_.push_fast(front_.key_of(stream), address, bytes, alignment)) [[likely]] return;
         }
         deallocate_careful(stream, ptr, bytes, alignment);
-    }
-
-    /// The newest block of class `c` in the stream's list, for `bytes`, into `p`; false when the
-    /// shard no longer serves the stream or the list is empty. (The lock is taken by hand: nothing
-    /// in between throws, and a lock_guard is not always inlined.)
-    [[gnu::always_inline]] bool pop_class(shard& sh, std::uintptr_t key, std::size_t c, std::size_t bytes, void*& p) noexcept {
-        sh.mutex.lock();
-        std::uintptr_t address = 0;
-        if (!sh.serves(key) || !sh.classes.try_pop(c, address)) [[unlikely]] {
-            sh.mutex.unlock();
-            return false;
-        }
-        const std::size_t owed = sh.on_popped(detail::class_size(c), bytes);
-        if (owed != 0) [[unlikely]] {
-            counts_.commit_and_unlock(sh, owed, each_shard());
-        } else {
-            sh.mutex.unlock();
-        }
-        p = reinterpret_cast<void*>(address);
-        return true;
     }
 
     // ---- the careful way: checked mode, captures, validation, large blocks, the slow path ----
 
     [[gnu::noinline]] void* allocate_careful(stream_type stream, std::size_t bytes, std::size_t alignment) {
-        if (watched()) [[unlikely]] return allocate_watched(stream, bytes, alignment);
-        return take_block(stream, bytes, alignment);
+        if (!watched_) [[likely]] return take_block(stream, bytes, alignment);
+        void* p = options_.checked ? allocate_checked(stream, bytes, alignment) : take_own_or_block(stream, bytes, alignment);
+        annotations_.handed_out(p, bytes); // once the block is this call's alone
+        return p;
     }
     [[gnu::noinline]] void deallocate_careful(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
         if (ptr == nullptr) return;
-        if (watched()) [[unlikely]] return deallocate_watched(stream, ptr, bytes, alignment);
+        if (!watched_) [[likely]] return give_block(stream, ptr, bytes, alignment);
+        const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+        if (options_.checked && !front_.forget_live(address, bytes, alignment)) [[unlikely]] {
+            return refuse(stream, address, bytes, alignment);
+        }
+        annotations_.coming_back(ptr); // while the block is still this call's alone
+        if (!options_.checked && bytes - 1 < small_threshold && !capture_store_.watching() && !capture_store_.owns(address)) {
+            if (front_.push_found(front_.key_of(stream), address, bytes)) return;
+        }
         give_block(stream, ptr, bytes, alignment);
     }
-    /// Whether calls take the watched path: checked mode, or CUDA's tools told of each block. The
-    /// fast path never sees such a pool (its capture flag is 0: see capture_store::fast_limit).
-    [[nodiscard]] bool watched() const noexcept { return watched_; }
 
     void* take_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
         if (!is_pow2(alignment) || alignment > max_alignment) [[unlikely]] check_alignment(alignment, max_alignment);
@@ -366,154 +327,62 @@ private:
                 throw;
             }
         }
-        const detail::request r = detail::classify(bytes, alignment);
-        const std::uintptr_t key = streams_.key_of(stream);
-        shard* sh = streams_.shard_for(stream, key);
-        if (sh != nullptr) {
-            if (void* p = r.small() ? pop_class(*sh, key, r) : pop_recent(*sh, key, r)) return p;
-        }
-        const typename detail::stream_caches<Upstream>::pinned pin(sh, key); // nullptr: no longer the stream's
-        sh = pin.get();
-        void* p = allocate_slow(stream, sh, r);
-        counts_.allocated_slow(sh, r, each_shard());
-        if (sh != nullptr && r.small() && r.alignment <= granule) seam_.refill(*sh, r);
-        return p;
+        const char* why = nullptr;
+        if (void* p = seam_.take(stream, detail::classify(bytes, alignment), capture_store_.routing(), why)) return p;
+        activity_.count(activity_.failures);
+        throw_out_of_memory(bytes, alignment, why == nullptr ? std::string_view{} : std::string_view{why});
     }
 
     void give_block(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        const detail::request r = detail::classify(bytes, alignment);
+        const request r = detail::classify(bytes, alignment);
         const auto address = reinterpret_cast<std::uintptr_t>(ptr);
         if (capture_store_.owns(address)) [[unlikely]] {
             capture_store_.deallocate(stream, address, bytes);
         } else if (capture_store_.watching() && capture_store_.capturing(stream)) [[unlikely]] {
             store_.quarantine(r.size);
-            counts_.deallocated_slow(r);
-        } else if (const std::uintptr_t key = streams_.key_of(stream); give_to_shard(stream, key, address, r)) {
+            front_.count_given_without_shard(r);
         } else {
-            streams_.give_back_synchronously(stream, address, r.size);
-            counts_.deallocated_slow(r);
+            covering_.give_back(stream, front_.key_of(stream), address, r);
         }
     }
 
-    /// The stream's shard keeps the block (see stream_caches::give_back); false when the stream has
-    /// none (another device's, or every shard serves an active stream).
-    [[gnu::always_inline]] bool give_to_shard(stream_type stream, std::uintptr_t key, std::uintptr_t address,
-                                              detail::request r) noexcept {
-        for (;;) {
-            shard* sh = streams_.shard_for_free(stream, key);
-            if (sh == nullptr) return false;
-            if (streams_.give_back(*sh, stream, key, address, r)) [[likely]] return true;
+    // ---- checked mode and CUDA's tools: the common path's stacks when no capture is watched ----
+
+    /// take_block, the block recorded among the live ones (room made first: a bad_alloc takes no
+    /// block). The common path records the blocks it serves itself (stream_caches::pop_checked).
+    [[gnu::always_inline]] void* allocate_checked(stream_type stream, std::size_t bytes, std::size_t alignment) {
+        detail::live_blocks& live = front_.live();
+        front_.reserve_live(front_.key_of(stream)); // for the common path's next blocks
+        live.reserve_one();
+        void* p = nullptr;
+        try {
+            p = take_block(stream, bytes, alignment);
+        } catch (...) {
+            live.unreserve();
+            throw;
         }
-    }
-
-    void* pop_class(shard& sh, std::uintptr_t key, detail::request r) {
-        std::uintptr_t address = 0;
-        std::size_t owed = 0;
-        {
-            std::lock_guard lock(sh.mutex);
-            if (!sh.serves(key)) [[unlikely]] return nullptr; // retired since it was found
-            address = sh.classes.pop(r.size_class, r.alignment);
-            if (address == 0) return nullptr;
-            sh.cached -= r.size;
-            owed = sh.on_allocated(r);
+        if (p == nullptr) [[unlikely]] {
+            live.unreserve();
+        } else {
+            live.add(reinterpret_cast<std::uintptr_t>(p), bytes, alignment);
         }
-        if (owed != 0) [[unlikely]] counts_.commit(owed, each_shard());
-        return reinterpret_cast<void*>(address);
-    }
-
-    /// A recent large block of this stream of exactly the request's size, in O(1). Counted with
-    /// the slow path's allocations (not a size-class hit).
-    void* pop_recent(shard& sh, std::uintptr_t key, detail::request r) {
-        std::uintptr_t address = 0;
-        std::size_t owed = 0;
-        {
-            std::lock_guard lock(sh.mutex);
-            if (!sh.serves(key)) [[unlikely]] return nullptr; // retired since it was found
-            address = sh.take_recent(r.size, r.alignment);
-            if (address == 0) return nullptr;
-            owed = sh.charge(r.bytes);
-        }
-        counts_.slow().allocated(r.size, 0);
-        if (owed != 0) [[unlikely]] counts_.commit(owed, each_shard());
-        return reinterpret_cast<void*>(address);
-    }
-
-    // ---- the watched path: checked mode, CUDA's tools ----
-
-    /// allocate_on, checked when the pool is, the block announced to CUDA's tools once it is this
-    /// call's alone.
-    [[gnu::noinline, gnu::cold]] void* allocate_watched(stream_type stream, std::size_t bytes, std::size_t alignment) {
-        void* p = options_.checked ? allocate_checked(stream, bytes, alignment) : take_block(stream, bytes, alignment);
-        annotations_.handed_out(p, bytes);
         return p;
     }
-    /// deallocate_on, checked when the pool is, the block withdrawn from CUDA's tools while it is
-    /// still this call's alone.
-    [[gnu::noinline, gnu::cold]] void deallocate_watched(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        if (options_.checked && !forget_live(stream, ptr, bytes, alignment)) return;
-        annotations_.coming_back(ptr);
-        give_own_or_block(stream, ptr, bytes, alignment);
-    }
-
-    /// take_own_or_block, and the block recorded among the live ones.
-    [[gnu::noinline]] void* allocate_checked(stream_type stream, std::size_t bytes, std::size_t alignment) {
-        return live_.recorded(detail::classify(bytes, alignment).size, bytes, alignment,
-                              [&] { return take_own_or_block(stream, bytes, alignment); });
-    }
-    /// For a watched pool: the fast path's pop from the stream's own list when no capture is
-    /// watched, else take_block.
-    void* take_own_or_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
+    [[gnu::always_inline]] void* take_own_or_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
         if (bytes - 1 < small_threshold && detail::fits_granule(alignment) && !capture_store_.watching()) {
-            const std::uintptr_t key = streams_.key_of(stream);
-            if (shard* sh = streams_.find(key)) {
-                void* p = nullptr;
-                if (pop_class(*sh, key, detail::class_of(bytes), bytes, p)) return p;
-            }
+            void* p = nullptr;
+            if (front_.pop_found(front_.key_of(stream), bytes, p)) return p;
         }
         return take_block(stream, bytes, alignment);
     }
-    /// For a watched pool: the fast path's push onto the stream's own list when no capture is
-    /// watched and the block is not private, else give_block.
-    void give_own_or_block(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-        if (bytes - 1 < small_threshold && !capture_store_.watching() && !capture_store_.owns(address)) {
-            const std::uintptr_t key = streams_.key_of(stream);
-            if (shard* sh = streams_.find(key)) {
-                if (streams_.give_back_class(*sh, stream, key, address, detail::class_of(bytes), bytes)) return;
-            }
-        }
-        give_block(stream, ptr, bytes, alignment);
-    }
-    /// Forgets the live block `ptr` when the call matches its allocation; else reports the misuse
-    /// and returns false (the pool is left as it was).
-    bool forget_live(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        misuse m{.address = reinterpret_cast<std::uintptr_t>(ptr), .bytes = bytes, .alignment = alignment};
-        std::optional<misuse> found = live_.remove(m, [&](std::uintptr_t a) { return store_.chunks().find(a).size != 0; });
-        if (!found) [[likely]] return true;
-        found->stream_key = platform_type::stream_key(stream); // asked only for the report
-        detail::live_blocks::report(*found, options_.on_misuse);
+    /// Reports a deallocate that matches no live block (the pool is left as it was).
+    [[gnu::noinline, gnu::cold]] void refuse(stream_type stream, std::uintptr_t address, std::size_t bytes,
+                                             std::size_t alignment) noexcept {
+        misuse m = front_.misuse_of({.address = address, .bytes = bytes, .alignment = alignment},
+                                   [&](std::uintptr_t a) { return store_.chunks().find(a).size != 0; });
+        m.stream_key = platform_type::stream_key(stream); // asked only for the report
+        detail::live_blocks::report(m, options_.on_misuse);
         activity_.count(activity_.misuses);
-        return false;
-    }
-
-    // ---- the slow path: a ladder of steps, each costlier or more disruptive than the last ----
-
-    /// Out of line, so that the fast path stays small and keeps the request in registers.
-    [[gnu::noinline]] void* allocate_slow(stream_type stream, shard* sh, detail::request r) {
-        // While a capture is open in the pool, its potentially unsafe calls (growth, event queries)
-        // must not break it: they touch nothing the capture holds.
-        std::optional<basic_capture_mode_guard<platform_type>> relaxed;
-        if (capture_store_.routing()) [[unlikely]] relaxed.emplace(capture_mode::relaxed);
-        if (void* p = seam_.take(stream, sh, r)) return p;
-        const char* why = nullptr;
-        if (void* p = seam_.take_after_reclaim(stream, sh, r, capture_store_.routing(), why)) return p;
-        activity_.count(activity_.failures);
-        throw_out_of_memory(r.bytes, r.alignment, why == nullptr ? std::string_view{} : std::string_view{why});
-    }
-
-    /// Calls f(shard&) for every shard (live_counts' passes over the streams).
-    [[nodiscard]] auto each_shard() noexcept {
-        return [this](auto&& f) { streams_.for_each(f); };
     }
 
     [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::size_t alignment, std::string_view reason) const {
@@ -527,23 +396,24 @@ private:
 
     // ---- fields ----
     // Lock order: a shard's lock, then the chunk map's; the shared store's, then the chunk map's;
-    // the peak counter's, then a shard's lock. A shard's lock and the shared store's are never
-    // held together, nor is the peak counter's taken while a shard's lock is held.
+    // the peak counter's, then a shard's lock. Two shards' locks are never held together, nor a
+    // shard's and the shared store's, nor is the peak counter's taken while a shard's lock is held.
+    //   store_.reserved() = live block bytes + the shards' cached + shared free + quarantined
 
     Upstream upstream_;
     pool_options options_; // validated
     int device_;
     custody::detail::memory_annotations annotations_; // before the stores, which announce their chunks
-    const bool watched_; // options_.checked || annotations_.on(): see watched()
+    // options_.checked || annotations_.on(): the careful way looks at every call of such a pool. The
+    // common path serves a checked one (its shards record, see stream_caches::pop_checked), never
+    // one that announces blocks to CUDA's tools (its index is off).
+    const bool watched_;
     detail::activity_counters activity_;
-    detail::live_counts<shard> counts_; // live bytes = the shards' credit.live() + counts_.slow()'s
-    detail::shared_store<Upstream> store_;
-    detail::stream_caches<Upstream> streams_; // the front
-    detail::seam<Upstream> seam_;             // between the streams, and between them and store_
-    std::atomic<std::size_t> request_limit_; // larger requests fail at once (limits, budget)
-
-    // store_.reserved() = live block bytes + the shards' cached + shared free + quarantined
-    detail::live_blocks live_;     // checked mode only: the blocks handed out
+    detail::shared_store<Upstream> store_;      // the back end
+    detail::stream_caches<Upstream> front_;     // the front
+    detail::covering<Upstream> covering_;       // the seam: when a stream's blocks become others'
+    detail::seam<Upstream> seam_;               // the seam: a miss's ladder
+    std::atomic<std::size_t> request_limit_;    // larger requests fail at once (limits, budget)
     // After the fields it reads (upstream_, options_, device_, store_): capture-private pools.
     detail::capture_store<Upstream> capture_store_;
 };

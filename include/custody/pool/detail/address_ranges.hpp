@@ -43,7 +43,7 @@ public:
     }
 
 private:
-    [[gnu::noinline]] bool search(std::uintptr_t address) const noexcept {
+    [[gnu::noinline, gnu::cold]] bool search(std::uintptr_t address) const noexcept {
         if (size_.load(std::memory_order_acquire) == 0) return false;
         for (;;) {
             const std::uint64_t before = seq_.load(std::memory_order_acquire);

@@ -108,14 +108,17 @@ public:
     /// The GPU's large page: a private chunk is growth_step, or the request rounded up to this.
     static constexpr std::size_t chunk_rounding = std::size_t{2} << 20;
 
-    /// `always_careful`: the owner looks at every call itself (its checked mode, its annotations); fast_limit() is
-    /// then always 0.
+    /// Tells the owner whether its common path may serve calls (see update_attention).
+    using quiet_type = std::function<void(bool)>;
+
+    /// `always_careful`: the owner looks at every call itself (its checked mode, its annotations);
+    /// `quiet(false)` is then said once, here.
     capture_store(Upstream& upstream, int device, std::size_t chunk_alignment, std::size_t growth_step,
                   capture_check check, limit_type may_take, custody::detail::memory_annotations& annotations,
-                  bool always_careful = false)
+                  bool always_careful = false, quiet_type quiet = [](bool) {})
         : upstream_(upstream), device_(device), chunk_alignment_(chunk_alignment), growth_step_(growth_step),
           every_call_(check == capture_check::every_call), always_careful_(always_careful),
-          may_take_(std::move(may_take)), annotations_(annotations) {
+          may_take_(std::move(may_take)), quiet_(std::move(quiet)), annotations_(annotations) {
         update_attention();
     }
     capture_store(const capture_store&) = delete;
@@ -136,19 +139,12 @@ public:
         }
     }
 
-    /// The owner's fast path may serve a call of `bytes` when bytes - 1 < fast_limit(): the
-    /// size-class threshold while nothing about captures concerns it (no route is open, every call
-    /// is not checked) and the owner is not always careful; else 0. One atomic load, the fast
-    /// path's capture check; its deallocate also asks owns() (one more load while no private chunk
-    /// exists), so that private chunks kept for the life of the process (graphs that are replayed
-    /// to the end) leave the fast path to every stream that is not capturing.
-    [[nodiscard, gnu::always_inline]] std::size_t fast_limit() const noexcept { return fast_limit_.load(std::memory_order_acquire); }
     /// The pool must look at captures on this call (a route is open, or every call is checked).
     [[nodiscard]] bool watching() const noexcept { return every_call_ || routes_.load(std::memory_order_acquire) != 0; }
     /// Some route is open: a graph is being captured with this pool's knowledge.
     [[nodiscard]] bool routing() const noexcept { return routes_.load(std::memory_order_acquire) != 0; }
     /// `address` lies in private memory. Lock-free; one atomic load while no private chunk exists.
-    [[nodiscard]] bool owns(std::uintptr_t address) const noexcept { return ranges_.contains(address); }
+    [[nodiscard, gnu::always_inline]] bool owns(std::uintptr_t address) const noexcept { return ranges_.contains(address); }
     [[nodiscard]] std::size_t reserved_bytes() const noexcept { return reserved_.load(std::memory_order_relaxed); }
 
     [[nodiscard]] capture_pool_id make_id() noexcept { return {0, next_id_.fetch_add(1, std::memory_order_relaxed) + 1}; }
@@ -498,11 +494,12 @@ private:
         return f;
     }
 
-    /// fast_limit_ after a change of the routes or the ranges (mutex_ held, or at construction).
-    void update_attention() noexcept {
-        const bool quiet = !every_call_ && !always_careful_ && routes_list_.empty();
-        fast_limit_.store(quiet ? small_threshold : 0, std::memory_order_release);
-    }
+    /// Tells the owner, after a change of the routes (mutex_ held, or at construction), whether its
+    /// common path may serve calls: while nothing about captures concerns it (no route is open,
+    /// every call is not checked) and it is not always careful. Its deallocate also asks owns(),
+    /// so that private chunks kept for the life of the process (graphs replayed to the end) leave
+    /// the common path to every stream that is not capturing.
+    void update_attention() noexcept { quiet_(!every_call_ && !always_careful_ && routes_list_.empty()); }
 
     /// The key of no stream (a route without an origin).
     static constexpr std::uintptr_t no_key = ~std::uintptr_t{0};
@@ -518,6 +515,7 @@ private:
     const bool every_call_;
     const bool always_careful_;
     const limit_type may_take_;
+    const quiet_type quiet_;
     custody::detail::memory_annotations& annotations_;
 
     mutable std::mutex mutex_;
@@ -535,9 +533,6 @@ private:
     std::uint64_t deallocations_ = 0;
     std::uint64_t upstream_allocations_ = 0;
     std::uint64_t upstream_deallocations_ = 0;
-    /// See fast_limit(). Last, on a line of its own: every allocate and deallocate of the owner
-    /// reads it.
-    alignas(64) std::atomic<std::size_t> fast_limit_{0};
 };
 
 } // namespace custody::pool::detail

@@ -32,21 +32,22 @@ public:
     /// streams.
     template <class ForEach>
     [[gnu::noinline]] void commit_and_unlock(Shard& sh, std::size_t owed, ForEach&& each) noexcept {
-        if (const auto extra = peak_.try_commit(owed)) {
-            sh.credit.grant(*extra);
-            sh.mutex.unlock();
-            return;
-        }
         Shard* last = last_committer_.load(std::memory_order_relaxed);
         if (last != &sh) {
-            if (last != nullptr && last->mutex.try_lock()) { // never waits with a shard lock held
+            last_committer_.store(&sh, std::memory_order_relaxed);
+            // At the peak: the last committer's credit first (never waiting with a shard lock held).
+            if (last != nullptr && !peak_.below(owed) && last->mutex.try_lock()) {
                 owed -= last->credit.give(owed);
                 last->mutex.unlock();
+                if (owed == 0) return sh.mutex.unlock();
             }
-            last_committer_.store(&sh, std::memory_order_relaxed);
+        }
+        if (const auto extra = peak_.try_commit(owed)) {
+            sh.credit.grant(*extra);
+            return sh.mutex.unlock();
         }
         sh.mutex.unlock();
-        if (owed != 0) commit(owed, each);
+        commit(owed, each);
     }
 
     /// Adds live bytes no credit covered to the peak counter. Call with no shard lock held.

@@ -20,51 +20,60 @@ namespace custody::pool::detail {
 /// for the stream (held), so that a free is one addition and an allocation one subtraction and a
 /// sign test.
 ///
-/// Invariant: credit_ >= 0 between calls; the stream's live bytes are held_ - credit_ (negative
+/// Invariant: credit_ < 2^63 between calls (try_spend wraps it only until overdrawn); the stream's live bytes are held_ - credit_ (negative
 /// when the stream gave back more than it allocated: blocks of other streams).
 /// Thread safety: none; the stream's shard lock guards it.
 class peak_credit {
 public:
     /// Adds `bytes` of a new allocation on this stream to its live bytes, covered by the credit as
     /// far as it goes; returns what the credit did not cover (bytes to commit).
-    [[nodiscard, gnu::always_inline]] std::size_t charge(std::size_t bytes) noexcept {
-        credit_ -= static_cast<std::int64_t>(bytes);
-        if (credit_ >= 0) [[likely]] return 0;
-        const auto owed = static_cast<std::size_t>(-credit_);
-        held_ -= credit_;
+    [[nodiscard]] std::size_t charge(std::size_t bytes) noexcept {
+        if (try_spend(bytes)) [[likely]] return 0;
+        return overdrawn(bytes);
+    }
+    /// The common path's charge: spends `bytes` of credit, one subtraction; false when the credit
+    /// did not cover them, and then overdrawn(bytes) must follow under the same lock.
+    [[nodiscard, gnu::always_inline]] bool try_spend(std::size_t bytes) noexcept {
+        return !__builtin_sub_overflow(credit_, bytes, &credit_);
+    }
+    /// After try_spend(bytes) failed: the bytes the credit did not cover (to commit), now counted
+    /// live; the credit is then 0.
+    [[nodiscard]] std::size_t overdrawn(std::size_t bytes) noexcept {
+        const std::size_t owed = bytes - (credit_ + bytes); // the credit before the subtraction wrapped
+        held_ += static_cast<std::int64_t>(owed);
         credit_ = 0;
         return owed;
     }
     /// `bytes` given back on this stream: they leave its live bytes and stay as credit.
-    [[gnu::always_inline]] void add(std::size_t bytes) noexcept { credit_ += static_cast<std::int64_t>(bytes); }
+    [[gnu::always_inline]] void add(std::size_t bytes) noexcept { credit_ += bytes; }
     /// `bytes` newly committed for this stream beyond its live bytes (peak_counter::try_commit's
     /// slack): credit for its next allocations.
     void grant(std::size_t bytes) noexcept {
-        credit_ += static_cast<std::int64_t>(bytes);
+        credit_ += bytes;
         held_ += static_cast<std::int64_t>(bytes);
     }
     /// Gives up to `want` bytes of credit to another stream, whose live bytes they then cover (the
     /// committed total is unchanged); returns how many.
     [[nodiscard]] std::size_t give(std::size_t want) noexcept {
-        const std::size_t given = std::min(want, static_cast<std::size_t>(credit_));
-        credit_ -= static_cast<std::int64_t>(given);
+        const std::size_t given = std::min<std::size_t>(want, credit_);
+        credit_ -= given;
         held_ -= static_cast<std::int64_t>(given);
         return given;
     }
     /// Takes the whole credit back (the peak counter then uncounts it).
     [[nodiscard]] std::size_t take_all() noexcept {
         const std::size_t b = bytes();
-        held_ -= credit_;
+        held_ -= static_cast<std::int64_t>(credit_);
         credit_ = 0;
         return b;
     }
     /// The credit.
     [[nodiscard]] std::size_t bytes() const noexcept { return static_cast<std::size_t>(credit_); }
     /// The stream's live bytes (requested bytes allocated on it minus those given back on it).
-    [[nodiscard]] std::int64_t live() const noexcept { return held_ - credit_; }
+    [[nodiscard]] std::int64_t live() const noexcept { return held_ - static_cast<std::int64_t>(credit_); }
 
 private:
-    std::int64_t credit_ = 0;
+    std::uint64_t credit_ = 0; ///< unsigned: the common path's charge is one subtraction and its borrow
     std::int64_t held_ = 0;
 };
 
@@ -119,6 +128,12 @@ public:
             if (committed_.compare_exchange_weak(seen, seen + bytes + extra, std::memory_order_relaxed)) return extra;
         }
         return std::nullopt;
+    }
+
+    /// Whether `bytes` more committed bytes stay at or below the peak now (a hint: try_commit decides).
+    [[nodiscard]] bool below(std::size_t bytes) const noexcept {
+        const std::size_t seen = committed_.load(std::memory_order_relaxed);
+        return seen <= peak() && bytes <= peak() - seen;
     }
 
     /// Adds live bytes that no credit covered, raising the peak exactly when they make one. Past the

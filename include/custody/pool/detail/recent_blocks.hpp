@@ -37,6 +37,12 @@ public:
         for (std::size_t i = 0; i < count_; ++i) n += blocks_[i].size;
         return n;
     }
+    /// The bytes of the covered blocks.
+    [[nodiscard]] std::size_t covered_bytes() const noexcept {
+        std::size_t n = 0;
+        for (std::size_t i = 0; i < covered_; ++i) n += blocks_[i].size;
+        return n;
+    }
     /// The largest block held; 0 when empty.
     [[nodiscard]] std::size_t largest() const noexcept {
         std::size_t n = 0;

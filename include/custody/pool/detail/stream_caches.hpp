@@ -1,48 +1,42 @@
 /// @file
-/// `stream_caches`: the pool's per-stream side: a shard per stream, the events that say when a
-/// stream's blocks are idle, and the rules by which blocks leave one stream for the others.
+/// `stream_caches`: the pool's front: a shard per stream, found without a lock, the common path
+/// that pops and pushes the stream's own size-class blocks, and the stream's own careful reuse.
+/// What moves between streams, or between a stream and the back end, is the seam's (seam.hpp).
 #pragma once
 
 #include <custody/core/concepts.hpp>
 #include <custody/core/failure_callback.hpp>
-#include <custody/platform/capture.hpp>
 #include <custody/platform/platform.hpp>
 #include <custody/pool/detail/counters.hpp>
 #include <custody/pool/detail/event_pool.hpp>
-#include <custody/pool/detail/peak_counter.hpp>
+#include <custody/pool/detail/live_blocks.hpp>
+#include <custody/pool/detail/live_counts.hpp>
 #include <custody/pool/detail/request.hpp>
 #include <custody/pool/detail/shard.hpp>
-#include <custody/pool/detail/shared_store.hpp>
 #include <custody/pool/detail/stream_table.hpp>
 #include <custody/pool/pool_options.hpp>
 #include <custody/pool/pool_statistics.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 namespace custody::pool::detail {
 
-template <stream_ordered_resource Upstream>
-class seam;
-
 /// The streams' caches of a pool over `Upstream` (the pool's front): a shard per stream, found
-/// without a lock, and each stream's own reuse; what moves between streams is seam.hpp's.
+/// without a lock, and each stream's own reuse.
 ///
-/// Stream semantics: a block given back on stream s is reusable at once on s. It is covered once
-/// s's event is recorded after it (every record_interval frees or record_bytes bytes given back on
-/// s, and before s's blocks move into its spans); only covered blocks leave s for another stream,
-/// as the seam decides (seam.hpp), unless the device was synchronized. Only s's own calls record on
-/// s, so a destroyed stream never sees a record.
-/// Thread safety: thread-safe; each shard's lock guards it; no shard's lock is held while the
-/// store's is taken. Ownership: owns the shards and their events; refers to the store and the
-/// activity counters of its pool, which outlive it.
+/// Stream semantics: a block given back on stream s is reusable at once on s; it leaves s only as
+/// the seam decides (covered by s's event, see class_stacks and shard).
+/// Thread safety: thread-safe; each shard's lock guards it, and the common path takes that lock
+/// alone: it reads the index slot of its stream's key and writes only its shard's first line, one
+/// hot stack and that stack's storage (no atomic but the lock, no counter another stream writes).
+/// Ownership: owns the shards and their events; the pool outlives it.
 template <stream_ordered_resource Upstream>
 class stream_caches {
 public:
@@ -50,61 +44,181 @@ public:
     using platform_type = typename stream_type::platform_type;
     using shard = detail::shard<typename platform_type::event>;
 
-    template <stream_ordered_resource>
-    friend class seam; // the rules that move blocks between streams use the shards and covering
-
     /// For a pool of `device` (-1: none) with validated `options`. Creates options.initial_events
     /// events (on `device`, or the current one), and throws what creating them throws.
-    stream_caches(const pool_options& options, int device, shared_store<Upstream>& store, activity_counters& activity,
-                  peak_counter& peak)
-        : record_interval_(options.record_interval), record_bytes_(options.record_bytes),
-          record_share_(options.record_share),
-          release_threshold_(store.map_granule() == 0 ? SIZE_MAX : options.release_threshold),
-          device_(device),
+    /// `map_granule`: the unit a pool that maps unmaps in (0: one that grows in chunks), which the
+    /// shards' spans count whole units of.
+    stream_caches(const pool_options& options, int device, std::size_t map_granule)
+        : flags_(options.checked ? shard_head::checked_bit : 0), hot_blocks_(options.record_interval - 1),
+          hot_bytes_(options.record_bytes), map_granule_(map_granule), device_(device),
           events_(device >= 0 ? device : platform_type::current_device(), options.initial_events, options.event_batch),
-          table_(options.max_streams), store_(store), activity_(activity), peak_(peak) {}
+          table_(options.max_streams) {}
     stream_caches(const stream_caches&) = delete;
     stream_caches& operator=(const stream_caches&) = delete;
 
-    /// Waits until every cached block is idle: each stream's event, and the device when some
-    /// blocks are not covered. Reports failures, unless the process is exiting (for the pool's
-    /// destructor; see run_exit_tolerant).
-    void wait_all() noexcept {
-        bool uncovered = false;
-        table_.for_each([&](shard& sh) {
-            uncovered = uncovered || sh.dirty(record_interval_);
-            run_exit_tolerant<platform_type>("stream_ordered_pool: waiting for a stream's event at destruction",
-                                             [&] { sh.event.synchronize(); });
-        });
-        if (!uncovered) return;
-        run_exit_tolerant<platform_type>("stream_ordered_pool: synchronizing the device at destruction",
-                                         [&] { synchronize_devices(); });
-    }
-
-    // ---- finding a stream's shard ----
+    // ---- the common path ----
 
     /// The key a stream's shard is found by (Platform::stream_key).
-    [[nodiscard]] static std::uintptr_t key_of(stream_type stream) { return platform_type::stream_key(stream); }
-
-    /// The shard of the stream whose key is `key`, made at its first use (given a retired shard's
-    /// place when max_streams shards exist); nullptr when every shard serves a stream that is
-    /// still active. Lock-free when the shard exists. Throws std::invalid_argument for a stream of
-    /// another device, and what making an event throws. The caller checks shard::serves(key) under
-    /// the shard's lock before using it (it may have been retired since).
-    shard* shard_for(stream_type stream, std::uintptr_t key) {
-        if (shard* sh = table_.find(key)) [[likely]] return sh;
-        return make_shard(stream, key);
+    [[nodiscard, gnu::always_inline]] static std::uintptr_t key_of(stream_type stream) {
+        return platform_type::stream_key(stream);
     }
 
-    /// The shard found under `key` without creating one (the fast path's lookup: no lock, no
-    /// write); nullptr otherwise. The caller checks shard::serves(key) under the shard's lock.
-    [[nodiscard, gnu::always_inline]] shard* find(std::uintptr_t key) const noexcept { return table_.find(key); }
+    /// The newest block of class_of(bytes) (bytes <= small_threshold, alignment at most the granule)
+    /// on the hot stack of the stream whose key is `key`, into `p`; false when its shard is not in
+    /// its index slot or the stack is empty. In a checked pool the block is recorded as live.
+    [[nodiscard, gnu::always_inline]] bool pop_fast(std::uintptr_t key, std::size_t bytes, std::size_t alignment, void*& p) {
+        return pop(table_.home(key), key, bytes, alignment, p);
+    }
+    /// Pushes a block of class_of(bytes) onto the hot stack of the stream whose key is `key`; false
+    /// (nothing changed) when its shard is not in its index slot or the stack is full. In a checked
+    /// pool the block is forgotten as live first; false too when it is not live as given back.
+    [[nodiscard, gnu::always_inline]] bool push_fast(std::uintptr_t key, std::uintptr_t address, std::size_t bytes,
+                                                     std::size_t alignment) noexcept {
+        return push(table_.home(key), key, address, bytes, alignment);
+    }
+    /// pop_fast and push_fast for a pool whose index is off (it looks at every call, and is not
+    /// checked): the same index slot, kept on.
+    [[nodiscard, gnu::always_inline]] bool pop_found(std::uintptr_t key, std::size_t bytes, void*& p) {
+        return pop(table_.any_home(key), key, bytes, granule, p);
+    }
+    [[nodiscard, gnu::always_inline]] bool push_found(std::uintptr_t key, std::uintptr_t address, std::size_t bytes) noexcept {
+        return push(table_.any_home(key), key, address, bytes, granule);
+    }
+    /// Turns the common path on or off (see stream_table::set_fast).
+    void enable_fast(bool on) { table_.set_fast(on); }
 
-    /// shard_for for deallocate: nullptr for a stream of another device (served without a
-    /// shard, as documented), and when no shard can be made (reported).
-    shard* shard_for_free(stream_type stream, std::uintptr_t key) noexcept {
+    /// Checked mode's record of the live blocks the careful way served (pool_options::checked);
+    /// each shard keeps those its common path served.
+    [[nodiscard]] live_blocks& live() noexcept { return live_; }
+    /// Checked mode: makes room in the table of the shard of the stream whose key is `key` (if it
+    /// has one) for one more block of its common path. Strong.
+    void reserve_live(std::uintptr_t key) {
+        shard* sh = table_.find(key);
+        if (sh == nullptr) return;
+        const std::lock_guard lock(sh->mutex);
+        sh->live.reserve_one();
+    }
+    /// Checked mode: forgets the live block at `address` when (`bytes`, `alignment`) match its
+    /// allocation, wherever it is recorded; false (nothing forgotten) otherwise.
+    [[nodiscard]] bool forget_live(std::uintptr_t address, std::size_t bytes, std::size_t alignment) noexcept {
+        if (live_.forget(address, bytes, alignment)) return true;
+        bool found = false;
+        table_.for_each([&](shard& sh) {
+            if (found) return;
+            const std::lock_guard lock(sh.mutex);
+            found = sh.live.forget(address, bytes, alignment);
+        });
+        return found;
+    }
+    /// Checked mode: what is wrong with the deallocate `m` that forget_live refused (see
+    /// live_blocks::misuse_of).
+    template <class InChunk>
+    [[nodiscard]] misuse misuse_of(misuse m, InChunk&& in_chunk) const noexcept {
+        misuse found;
+        table_.for_each([&](shard& sh) {
+            const std::lock_guard lock(sh.mutex);
+            if (const misuse f = sh.live.find(m.address); f.block != 0) found = f;
+        });
+        if (found.block == 0) return live_.misuse_of(m, in_chunk);
+        m.kind = found.block == m.address ? misuse_kind::wrong_size : misuse_kind::interior_pointer;
+        m.block = found.block;
+        m.block_bytes = found.block_bytes;
+        m.block_alignment = found.block_alignment;
+        return m;
+    }
+
+private:
+    [[nodiscard, gnu::always_inline]] bool pop(shard_head* head, std::uintptr_t key, std::size_t bytes, std::size_t alignment,
+                                               void*& p) {
+        if (!head->serves(key)) [[unlikely]] return false;
+        auto& sh = static_cast<shard&>(*head);
+        sh.mutex.lock(); // by hand: nothing in between throws, and a lock_guard is not always inlined
+        std::uintptr_t address = 0;
+        if (!sh.serves_locked(key) || !sh.classes.try_pop(classes_[(bytes - 1) / granule], address)) [[unlikely]] {
+            return pop_checked(sh, key, bytes, alignment, p);
+        }
+        ++sh.pops;
+        if (sh.credit.try_spend(bytes)) [[likely]] {
+            sh.mutex.unlock();
+        } else {
+            counts_.commit_and_unlock(sh, sh.credit.overdrawn(bytes), each_shard());
+        }
+        p = reinterpret_cast<void*>(address);
+        return true;
+    }
+    [[nodiscard, gnu::always_inline]] bool push(shard_head* head, std::uintptr_t key, std::uintptr_t address,
+                                                std::size_t bytes, std::size_t alignment) noexcept {
+        if (!head->serves(key)) [[unlikely]] return false;
+        auto& sh = static_cast<shard&>(*head);
+        sh.mutex.lock();
+        if (!sh.serves_locked(key) || !sh.classes.try_push(classes_[(bytes - 1) / granule], address)) [[unlikely]] {
+            return push_checked(sh, key, address, bytes, alignment);
+        }
+        sh.credit.add(bytes);
+        sh.mutex.unlock();
+        return true;
+    }
+
+    /// pop's rare branch (the shard's lock held; released here): in a checked pool whose shard
+    /// serves `key`, the pop recorded among the live blocks (when the record needs no allocation;
+    /// else false, for the careful way to make room first); false otherwise.
+    [[gnu::always_inline]] bool pop_checked(shard& sh, std::uintptr_t key, std::size_t bytes, std::size_t alignment, void*& p) {
+        const std::size_t c = classes_[(bytes - 1) / granule];
+        std::uintptr_t address = 0;
+        if (sh.owner != (key | flags_) || flags_ == 0 || !sh.classes.try_pop(c, address)) {
+            sh.mutex.unlock();
+            return false;
+        }
+        if (!sh.live.try_add(address, bytes, alignment)) {
+            static_cast<void>(sh.classes.try_push(c, address)); // back where it was
+            sh.mutex.unlock();
+            return false;
+        }
+        ++sh.pops;
+        if (sh.credit.try_spend(bytes)) [[likely]] {
+            sh.mutex.unlock();
+        } else {
+            counts_.commit_and_unlock(sh, sh.credit.overdrawn(bytes), each_shard());
+        }
+        p = reinterpret_cast<void*>(address);
+        return true;
+    }
+    /// push's rare branch (the shard's lock held; released here): in a checked pool whose shard
+    /// serves `key`, the push once the block is forgotten as live, as given back; false otherwise
+    /// (the careful way then reports a misuse, or finds room).
+    [[gnu::always_inline]] bool push_checked(shard& sh, std::uintptr_t key, std::uintptr_t address, std::size_t bytes,
+                                        std::size_t alignment) noexcept {
+        const std::size_t c = classes_[(bytes - 1) / granule];
+        if (sh.owner != (key | flags_) || flags_ == 0 || sh.classes.hot_room(c) == 0 || !sh.live.forget(address, bytes, alignment)) {
+            sh.mutex.unlock();
+            return false;
+        }
+        static_cast<void>(sh.classes.try_push(c, address));
+        sh.credit.add(bytes);
+        sh.mutex.unlock();
+        return true;
+    }
+
+public:
+    // ---- finding a stream's shard, the careful way ----
+
+    /// The shard of the stream whose key is `key`, made at its first use; nullptr when none can be
+    /// had (every shard serves an active stream: see the seam's retire_idle). Throws
+    /// std::invalid_argument for a stream of another device, and what making an event throws. The
+    /// caller checks shard::serves(key) under the shard's lock (it may have been retired since).
+    shard* shard_for(stream_type stream, std::uintptr_t key) {
         if (shard* sh = table_.find(key)) [[likely]] return sh;
-        return make_shard_for_free(stream, key);
+        check_device(stream);
+        return table_.find_or_create(key, [&](shard* reuse) {
+            if (reuse == nullptr) {
+                auto made = std::make_unique<shard>(key, flags_, events_.acquire(), hot_blocks_, hot_bytes_);
+                for (auto& set : made->spans) set.count_whole(map_granule_); // what release_granules reads
+                return made.release();
+            }
+            std::lock_guard lock(reuse->mutex);
+            reuse->serve(key, flags_);
+            return reuse;
+        });
     }
 
     /// Holds a shard against retirement for a slow path: `get()` is the shard (nullptr when it no
@@ -133,317 +247,52 @@ public:
         shard* sh_;
     };
 
-private:
-    [[gnu::noinline]] shard* make_shard_for_free(stream_type stream, std::uintptr_t key) noexcept {
-        try {
-            return make_shard(stream, key);
-        } catch (const std::invalid_argument&) {
-            return nullptr;
-        } catch (...) {
-            report_failure("stream_ordered_pool: no shard could be made for a stream; its block is given back "
-                           "after the stream finishes");
-            return nullptr;
-        }
-    }
+    // ---- the stream's own reuse, the careful way ----
 
-    /// The slow half of shard_for, out of line so that the lookup stays small enough to inline.
-    /// When every shard serves a stream, those whose blocks are all idle are retired first.
-    [[gnu::noinline]] shard* make_shard(stream_type stream, std::uintptr_t key) {
-        if (device_ >= 0 && !(stream == stream_type{}) && platform_type::stream_device(stream) != device_) {
-            throw std::invalid_argument("custody: stream of device " + std::to_string(platform_type::stream_device(stream)) +
-                                        " used with a pool of device " + std::to_string(device_));
-        }
-        const auto make = [&](shard* reuse) {
-            if (reuse == nullptr) {
-                auto made = std::make_unique<shard>(key, events_.acquire(), record_interval_);
-                made->record_limit = record_threshold();
-                for (auto& set : made->spans) set.count_whole(store_.map_granule()); // what release_granules reads
-                return made.release();
-            }
-            std::lock_guard lock(reuse->mutex);
-            reuse->serve(key, record_interval_);
-            reuse->record_limit = record_threshold();
-            return reuse;
-        };
-        if (shard* sh = table_.find_or_create(key, make)) return sh;
-        if (retire_idle(false) == 0 && retire_idle(true) == 0) return nullptr;
-        return table_.find_or_create(key, make);
-    }
-
-public:
-    // ---- streams that went away ----
-
-    /// Retires the shards whose blocks are all idle: covered, and their event completed (a
-    /// destroyed stream's, once its last event completed; a live stream's that has nothing pending):
-    /// their blocks go to the shared set, their counts to the pool's totals, their credit back to
-    /// the peak counter, and the shard serves the next new stream (a live stream whose shard went
-    /// gets another at its next call). Runs when every shard serves a stream, so that streams
-    /// created and destroyed without end keep shards. With `synchronizing` (when none was idle so:
-    /// their streams gave blocks back since they last recorded, and only a stream's own calls
-    /// record on it, for it may be gone), it synchronizes the device first and retires the shards
-    /// that were given nothing back meanwhile: a host wait, only when max_streams streams hold
-    /// blocks their events do not cover. Returns the shards retired.
-    std::size_t retire_idle(bool synchronizing) {
-        std::lock_guard sweep(sweep_mutex_);
-        // An event query must not break a capture another thread has open (it touches nothing of it).
-        const basic_capture_mode_guard<platform_type> relaxed(capture_mode::relaxed);
-        std::vector<std::uint64_t> frees; // with `synchronizing`: each shard's frees before the wait
-        if (synchronizing) {
-            frees.reserve(table_.size());
-            table_.for_each([&](shard& sh) {
-                std::lock_guard lock(sh.mutex);
-                if (frees.size() < frees.capacity()) frees.push_back(sh.counts.deallocations);
-            });
-            try {
-                synchronize_devices();
-            } catch (...) {
-                report_failure("stream_ordered_pool: synchronizing the device to retire a stream's shard failed");
-                return 0;
-            }
-        }
-        std::size_t retired = 0;
-        std::size_t index = 0;
-        table_.for_each([&](shard& sh) {
-            const std::size_t i = index++;
-            std::vector<free_block> blocks;
-            std::uintptr_t key = shard::no_stream;
-            {
-                std::lock_guard lock(sh.mutex);
-                key = sh.key.load(std::memory_order_relaxed);
-                const bool all_idle = synchronizing ? i < frees.size() && frees[i] == sh.counts.deallocations
-                                                    : !sh.dirty(record_interval_) && sh.recent.all_covered() && idle(sh.event);
-                if (key == shard::no_stream || sh.slow_users != 0 || !all_idle) return;
-                blocks = sh.take_blocks(which_blocks::all, record_interval_); // may throw: nothing taken
-                retired_ += sh.totals();
-                peak_.release(sh.credit.take_all()); // its live bytes stay counted, in retired_
-                sh.counts = {};
-                sh.credit = {};
-                sh.key.store(shard::no_stream, std::memory_order_release);
-            }
-            store_.insert_runs(blocks);
-            table_.retire(&sh, key);
-            ++retired;
-        });
-        activity_.retired.fetch_add(retired, std::memory_order_relaxed);
-        return retired;
-    }
-
-    /// Adds the counts of the shards retired so far to `c`.
-    void add_retired(counters& c) const {
-        std::lock_guard sweep(sweep_mutex_);
-        c += retired_;
-    }
-
-    // ---- giving back ----
-
-    /// Keeps a block given back on the shard's stream (whose key is `key`); counts it lost when
-    /// there is no host memory to hold it. False, changing nothing, when the shard no longer serves
-    /// the stream (the caller looks it up again). A stream that gives back the last of what it
-    /// holds records its event, so that a stream destroyed after its last free leaves nothing
-    /// uncovered.
-    [[gnu::always_inline]] bool give_back(shard& sh, stream_type stream, std::uintptr_t key, std::uintptr_t address,
-                                          request r) noexcept {
-        bool stored = false;
+    /// A block for `r` from the stream's own cache in O(1): its hot stack, refilled from its cold
+    /// one after a miss (a size-class request at most granule-aligned), or a recent large block of
+    /// exactly its size; counted. nullptr when none serves, or the shard no longer serves `key`.
+    void* take_own(shard& sh, std::uintptr_t key, request r) {
+        std::uintptr_t address = 0;
+        std::size_t owed = 0;
         {
             std::lock_guard lock(sh.mutex);
-            if (!sh.serves(key)) [[unlikely]] return false;
-            stored = store_in(sh, stream, address, r);
-            if (stored && sh.stored(r.size)) [[unlikely]] cover(sh, stream);
-            sh.on_deallocated(r);
-        }
-        if (!stored) store_.lose(r.size);
-        if (release_threshold_ != SIZE_MAX && !r.small()) [[unlikely]] release_granules(sh, stream, key);
-        return true;
-    }
-
-    /// For a pool that maps with a release threshold (pool_options::release_threshold): the wholly
-    /// free granules the stream holds beyond the threshold go back to the device as its large blocks
-    /// come back, once its event says that no work uses them. The event the stream recorded last
-    /// is asked first (its covered blocks go if it has completed), then recorded again when blocks
-    /// came back since, so that a busy stream's memory goes at its next large free after the work.
-    [[gnu::noinline]] void release_granules(shard& sh, stream_type stream, std::uintptr_t key) noexcept {
-        const std::size_t unit = store_.map_granule();
-        std::vector<address_run> runs;
-        {
-            std::lock_guard lock(sh.mutex);
-            if (!sh.serves(key)) return;
-            if (idle(sh.event)) {
-                sh.merge_recent(sh.recent.covered(), store_.chunks());
-                const std::size_t whole = sh.spans[block_kind::small].whole_bytes() + sh.spans[block_kind::large].whole_bytes();
-                if (whole > release_threshold_) take_granules(sh, unit, whole - release_threshold_, runs);
+            if (!sh.serves(key)) [[unlikely]] return nullptr; // retired since it was found
+            if (!r.small()) {
+                address = sh.take_recent(r.size, r.alignment);
+            } else if (address = sh.classes.pop(r.size_class, r.alignment); address == 0) {
+                if (r.alignment <= granule && sh.classes.refill_from_cold(r.size_class) != 0) {
+                    address = sh.classes.pop(r.size_class, r.alignment);
+                } else {
+                    address = sh.classes.pop_cold(r.size_class, r.alignment);
+                }
             }
-            if (sh.dirty(record_interval_) || !sh.recent.all_covered()) static_cast<void>(cover(sh, stream));
+            if (address == 0) return nullptr;
+            owed = sh.on_allocated(r);
         }
-        store_.unmap_idle(runs);
+        if (owed != 0) [[unlikely]] counts_.commit(owed, each_shard());
+        return reinterpret_cast<void*>(address);
     }
 
-    /// The fast path's free: a block of size class `c` given back for `bytes` on the stream whose
-    /// key is `key`, kept in its class list when the shard still serves the stream and the list
-    /// has room without allocating. False (nothing changed) otherwise: then give_back.
-    [[nodiscard, gnu::always_inline]] bool give_back_class(shard& sh, stream_type stream, std::uintptr_t key,
-                                                           std::uintptr_t address, std::size_t c, std::size_t bytes) noexcept {
-        sh.mutex.lock(); // by hand: nothing in between throws, and a lock_guard is not always inlined
-        if (!sh.serves(key) || !sh.classes.push_within_capacity(c, address)) [[unlikely]] {
-            sh.mutex.unlock();
-            return false;
-        }
-        if (sh.on_pushed(class_size(c), bytes)) [[unlikely]] cover(sh, stream);
-        sh.mutex.unlock();
-        return true;
-    }
-
-    /// For a stream without a shard: waits for the stream, then the block is idle and goes to the
-    /// shared set (quarantined, and reported, when the wait fails).
-    [[gnu::noinline]] void give_back_synchronously(stream_type stream, std::uintptr_t address, std::size_t size) noexcept {
-        try {
-            platform_type::synchronize(stream);
-        } catch (...) {
-            report_failure("stream_ordered_pool: synchronizing a stream to give a block back failed; the block is "
-                           "quarantined");
-            store_.quarantine(size);
-            return;
-        }
-        store_.insert({address, size, 0});
-    }
-
-    // ---- a stream's own cache ----
-
-    /// Moves a shard's size-class blocks into its spans, coalescing them, when they hold at least
-    /// `threshold` bytes; records the event first when some are not covered (the spans hold only
-    /// covered blocks). True when any moved.
-    bool merge_classes(shard& sh, stream_type stream, std::size_t threshold) {
-        std::lock_guard lock(sh.mutex);
-        if (sh.class_bytes() < threshold) return false;
-        const std::size_t count = sh.classes.count(which_blocks::all);
-        if (count == 0) return false;
-        // Sorted by address, blocks cut one after another from a span (a request's KV pages)
-        // form runs that go into the tree as one block: one insert per run, not per block.
-        std::vector<free_block> blocks;
-        blocks.reserve(count); // may throw: nothing has moved yet
-        if (sh.dirty(record_interval_) && !cover(sh, stream)) return false;
-        sh.merge_classes(blocks, store_.chunks(), [&](std::size_t size) { store_.lose(size); });
-        return true;
-    }
-
-    /// Merges every recent large block of `sh` into its spans, recording first when some are not
-    /// covered (its lock held).
-    void merge_recent(shard& sh, stream_type stream) noexcept {
-        if (sh.recent.empty()) return;
-        if (!sh.recent.all_covered() && !cover(sh, stream)) return;
-        sh.merge_recent(sh.recent.size(), store_.chunks());
-    }
-
-    /// A block for `r` from this stream's own cache consolidated, before the pool grows:
-    /// - for a small request, its size-class lists merged into its spans when they hold at least
-    ///   `class_threshold` bytes (memory cached for other sizes then serves this one, and the lists
-    ///   refill by that much between two merges), searched in its small spans only (its large spans
-    ///   hold the rests of its large blocks' chunks, which a long-lived small block would pin);
-    /// - for a large request, its recent large blocks merged into its spans;
-    /// - then the shared set's free blocks beside its spans of the request's kind joined to them:
-    ///   free space cut in two by the stream/shared boundary serves a request neither half can
-    ///   (shared blocks are idle, so any stream may keep them);
-    /// - when `either_kind` (the pool's initial size still holds everything), its spans of the other
-    ///   kind too.
-    /// 0 when none fits.
-    std::uintptr_t take_consolidated(shard& sh, stream_type stream, request r, std::size_t class_threshold, bool either_kind) {
-        if (r.small()) {
-            merge_classes(sh, stream, class_threshold);
+    /// Counts an allocation of `r` served by the slow path for the stream of `sh` (nullptr: none).
+    void count_taken(shard* sh, request r) noexcept {
+        std::size_t owed = r.bytes;
+        if (sh != nullptr) {
+            std::lock_guard lock(sh->mutex);
+            owed = sh->on_allocated(r);
         } else {
-            std::lock_guard lock(sh.mutex);
-            merge_recent(sh, stream);
+            counts_.slow().allocated(r.size, r.bytes);
         }
-        if (const std::uintptr_t a = take_span(sh, r.kind, r)) return a;
-        if (adopt_shared_neighbours(sh, r.kind)) {
-            if (const std::uintptr_t a = take_span(sh, r.kind, r)) return a;
-        }
-        if (!either_kind) return 0;
-        std::lock_guard lock(sh.mutex);
-        merge_recent(sh, stream);
-        return sh.take_span(other(r.kind), r.size, r.alignment);
+        if (owed != 0) counts_.commit(owed, each_shard());
     }
+    /// Counts a block given back without a shard (a capturing stream, or one past max_streams).
+    void count_given_without_shard(request r) noexcept { counts_.deallocated_slow(r); }
 
     /// A block for `r` from this stream's spans of `kind`; 0 when none fits.
     std::uintptr_t take_span(shard& sh, block_kind kind, request r) {
         std::lock_guard lock(sh.mutex);
         return sh.take_span(kind, r.size, r.alignment);
     }
-
-private:
-    /// Moves the shared set's free blocks that touch the stream's own spans of `kind` into those
-    /// spans, where they coalesce. True when any moved.
-    bool adopt_shared_neighbours(shard& sh, block_kind kind) {
-        std::vector<free_block> own;
-        {
-            std::lock_guard lock(sh.mutex);
-            if (sh.spans[kind].empty()) return false;
-            own.reserve(sh.spans[kind].count()); // may throw: nothing has moved yet
-            sh.spans[kind].for_each([&](free_block b) {
-                b.kind = kind;
-                own.push_back(b);
-            });
-        }
-        std::vector<free_block> taken;
-        store_.take_neighbours(kind, own, taken);
-        if (taken.empty()) return false;
-        std::size_t kept = 0;
-        {
-            std::lock_guard lock(sh.mutex);
-            for (; kept < taken.size(); ++kept) {
-                try {
-                    sh.spans[kind].insert(taken[kept]);
-                } catch (const std::bad_alloc&) {
-                    break;
-                }
-                sh.cached += taken[kept].size;
-            }
-        }
-        for (std::size_t i = kept; i < taken.size(); ++i) store_.insert(taken[i]);
-        return true;
-    }
-
-public:
-    /// The block of `t` (taken for the stream of `sh`; nullptr: a stream without a shard, whose
-    /// `t` has no tail), its tail kept in the stream's large spans (in the shared set again when
-    /// there is no host memory for it).
-    void* kept(shard* sh, const taken_block& t) noexcept {
-        if (t.tail.size != 0) {
-            bool in_spans = false;
-            {
-                std::lock_guard lock(sh->mutex);
-                try {
-                    sh->spans[block_kind::large].insert(t.tail);
-                    sh->cached += t.tail.size;
-                    in_spans = true;
-                } catch (const std::bad_alloc&) {
-                }
-            }
-            if (!in_spans) store_.insert(t.tail);
-        }
-        return reinterpret_cast<void*>(t.block.address);
-    }
-
-private:
-    /// Takes up to `want` bytes (rounded up to granules of `unit`) of whole granules out of the
-    /// spans of `sh` (its lock held; its event completed) into `runs`; returns the bytes. Stops
-    /// early when there is no host memory for `runs`.
-    std::size_t take_granules(shard& sh, std::size_t unit, std::size_t want, std::vector<address_run>& runs) noexcept {
-        std::size_t done = 0;
-        for (auto& set : sh.spans) {
-            if (done >= want) break;
-            try {
-                runs.reserve(runs.size() + set.count()); // at most a run per block
-            } catch (const std::bad_alloc&) {
-                break;
-            }
-            const std::size_t n = set.take_whole(unit, want - done, [](const free_block&) { return false; },
-                                                 [&](std::uintptr_t a, std::size_t bytes) { runs.push_back({a, bytes}); });
-            sh.cached -= n;
-            done += n;
-        }
-        return done;
-    }
-
-public:
 
     // ---- every stream ----
 
@@ -454,126 +303,79 @@ public:
     }
     /// The shards serving a stream now.
     [[nodiscard]] std::size_t size() const { return table_.serving(); }
+    /// The shards made so far.
+    [[nodiscard]] std::size_t made() const noexcept { return table_.size(); }
 
-    /// Adds every shard's call counts to `c`, and its cache to `p` (each shard's lock taken briefly).
-    void add_to(pool_statistics& p, counters& c) const {
+    /// Takes `sh` (its lock held, its blocks taken out) out of service: its counts go to the
+    /// pool's totals, its credit back to the peak counter; it serves the next new stream. The caller
+    /// then calls retired(sh, key) with no lock held.
+    void retire_locked(shard& sh) noexcept {
+        std::lock_guard sweep(sweep_mutex_);
+        retired_ += sh.totals();
+        retired_fast_ += sh.pops;
+        counts_.counter().release(sh.credit.take_all()); // its live bytes stay counted, in retired_
+        sh.counts = {};
+        sh.credit = {};
+        sh.pops = 0;
+        sh.classes.forget_counts();
+        sh.set_key(shard::no_stream);
+    }
+    /// The second half of retire_locked: the table gives `sh` (which served `key`) to the next stream.
+    void retired(shard& sh, std::uintptr_t key) { table_.retire(&sh, key); }
+
+    /// The pool's counts: the slow path's, every shard's (each lock taken briefly) and the retired
+    /// shards'. When `p` is given, each shard's cache goes to it too.
+    [[nodiscard]] counters totals(pool_statistics* p = nullptr) const {
+        counters c = counts_.slow().load();
         table_.for_each([&](shard& sh) {
             std::lock_guard lock(sh.mutex);
             c += sh.totals();
-            if (sh.key.load(std::memory_order_relaxed) == shard::no_stream) return; // retired
-            p.per_stream.push_back({sh.key.load(std::memory_order_relaxed), sh.cached});
-            p.stream_cached_bytes += sh.cached;
-            p.largest_free_block = std::max(p.largest_free_block, sh.largest());
+            if (p == nullptr || sh.key.load(std::memory_order_relaxed) == shard::no_stream) return; // retired
+            const std::size_t cached = sh.cached();
+            p->per_stream.push_back({sh.key.load(std::memory_order_relaxed), cached});
+            p->stream_cached_bytes += cached;
+            p->largest_free_block = std::max(p->largest_free_block, sh.largest());
+            p->fast_allocations += sh.pops;
         });
+        std::lock_guard sweep(sweep_mutex_);
+        c += retired_;
+        if (p != nullptr) p->fast_allocations += retired_fast_;
+        return c;
+    }
+
+    [[nodiscard]] live_counts<shard>& counts() noexcept { return counts_; }
+    [[nodiscard]] std::size_t peak() const noexcept { return counts_.peak(); }
+    [[nodiscard]] event_pool<platform_type>& events() noexcept { return events_; }
+    [[nodiscard]] int device() const noexcept { return device_; }
+
+    /// Calls f(shard&) for every shard (live_counts' passes over the streams).
+    [[nodiscard]] auto each_shard() noexcept {
+        return [this](auto&& f) { table_.for_each(f); };
     }
 
 private:
-    /// Records the shard's event on its stream (its lock held), so that it covers every block the
-    /// shard holds; true when it does. If the record fails, the stream is synchronized instead (the
-    /// blocks are then idle), and the failure reported. On a stream being captured (a capture the
-    /// pool was not told of: it asks the platform, once per record) nothing is recorded and false is
-    /// returned: an event recorded inside a capture cannot be queried nor waited for by other streams
-    /// until it is recorded again, and the blocks stay with their stream meanwhile.
-    [[gnu::noinline]] bool cover(shard& sh, stream_type stream) noexcept {
-        if (capturing(stream)) [[unlikely]] {
-            if (sh.to_record == 0) sh.to_record = 1; // counts on from the next free
-            return false;
-        }
-        try {
-            sh.event.record(stream);
-        } catch (...) {
-            try {
-                platform_type::synchronize(stream);
-                report_failure("stream_ordered_pool: recording a stream's event failed; synchronized the stream instead");
-            } catch (...) {
-                report_failure("stream_ordered_pool: recording a stream's event and synchronizing the stream failed");
-            }
-        }
-        sh.on_recorded(record_interval_, record_threshold());
-        return true;
+    /// Throws std::invalid_argument when `stream` belongs to another device than the pool's.
+    void check_device(stream_type stream) const {
+        if (device_ < 0 || stream == stream_type{} || platform_type::stream_device(stream) == device_) return;
+        throw std::invalid_argument("custody: stream of device " + std::to_string(platform_type::stream_device(stream)) +
+                                    " used with a pool of device " + std::to_string(device_));
     }
 
-    /// Whether `stream` is being captured into a graph; true when the platform cannot tell (a
-    /// legacy stream while a blocking stream captures answers with an error).
-    static bool capturing(stream_type stream) noexcept {
-        try {
-            return platform_type::is_capturing(stream);
-        } catch (...) {
-            return true;
-        }
-    }
-
-    /// Puts a block into its class list, or among the recent large blocks (its lock held). False
-    /// when there is no host memory to hold it.
-    [[gnu::always_inline]] bool store_in(shard& sh, stream_type stream, std::uintptr_t address, request r) noexcept {
-        if (!r.small()) return store_large(sh, stream, address, r.size);
-        try {
-            sh.classes.push(r.size_class, address);
-            return true;
-        } catch (const std::bad_alloc&) {
-            return false;
-        }
-    }
-    /// store_in for a large block: among the recent ones (out of line: a tree insert may follow).
-    [[gnu::noinline]] bool store_large(shard& sh, stream_type stream, std::uintptr_t address, std::size_t size) noexcept {
-        try {
-            // The spans hold covered blocks only.
-            if (sh.recent.full() && sh.recent.covered() == 0 && !cover(sh, stream)) return false;
-            sh.keep_recent({address, size, 0}, store_.chunks()); // its chunk is looked up when it leaves recent
-            return true;
-        } catch (const std::bad_alloc&) {
-            return false;
-        }
-    }
-
-    /// Whether `e` has completed; false when it cannot be asked.
-    static bool idle(const typename platform_type::event& e) noexcept {
-        try {
-            return e.ready();
-        } catch (...) {
-            return false;
-        }
-    }
-    /// Whether `e` can be queried and waited for: not last recorded inside a capture the pool was
-    /// not told of (which would throw out of another stream's allocation).
-    static bool usable(const typename platform_type::event& e) noexcept {
-        try {
-            static_cast<void>(e.ready());
-            return true;
-        } catch (...) {
-            return false;
-        }
-    }
-
-    /// The bytes given back since a stream's last record that make it record again:
-    /// min(record_bytes, reserve / record_share), so that a stream that gives back another's
-    /// blocks (a consumer) covers them before that stream (the producer) must grow the pool.
-    [[nodiscard]] std::size_t record_threshold() const noexcept {
-        return record_share_ == 0 ? record_bytes_ : std::min(record_bytes_, store_.reserved() / record_share_);
-    }
-
-    /// Waits for all work on the pool's device (every device, for a pool of no device). Blocks
-    /// taken from a shard before this call are idle after it.
-    void synchronize_devices() const {
-        if (device_ >= 0) {
-            platform_type::synchronize_device(device_);
-        } else {
-            for (int d = 0; d < platform_type::device_count(); ++d) platform_type::synchronize_device(d);
-        }
-    }
-
-    std::size_t record_interval_; ///< >= 1
-    std::size_t record_bytes_;
-    std::size_t record_share_; ///< 0: record_bytes alone
-    std::size_t release_threshold_; ///< pool_options::release_threshold for a pool that maps; SIZE_MAX otherwise
+    /// class_by_granule, here so that the common path finds it from the pool's address (no
+    /// position-independent load of the table's address)
+    const std::array<std::uint8_t, small_threshold / granule> classes_ = class_by_granule;
+    std::uintptr_t flags_;   ///< shard_head::checked_bit in a checked pool (its shards' owner carries it), else 0
+    std::size_t hot_blocks_; ///< record_interval - 1: the uncovered blocks a class's hot stack keeps
+    std::size_t hot_bytes_;  ///< record_bytes: the bytes the hot stacks' caps may grow to
+    std::size_t map_granule_;
     int device_;
     event_pool<platform_type> events_;
     stream_table<shard> table_;
-    shared_store<Upstream>& store_;
-    activity_counters& activity_;
-    peak_counter& peak_;
-    mutable std::mutex sweep_mutex_; ///< serializes retire_idle; guards retired_
+    live_counts<shard> counts_; ///< live bytes = the shards' credit.live() + counts_.slow()'s
+    live_blocks live_;          ///< checked mode: the blocks handed out
+    mutable std::mutex sweep_mutex_; ///< guards retired_
     counters retired_;               ///< the counts of retired shards
+    std::uint64_t retired_fast_ = 0; ///< their common-path allocations
 };
 
 } // namespace custody::pool::detail

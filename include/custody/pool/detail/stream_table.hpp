@@ -1,8 +1,9 @@
 /// @file
-/// `stream_table`: the pool's shards by stream key, found without a lock on the common path, and
-/// given to a new stream once their own stream has gone quiet.
+/// `stream_table`: the pool's shards by stream key, found without a lock on the common path (one
+/// load from a direct-mapped index), and given to a new stream once their own stream has gone quiet.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cstddef>
@@ -17,12 +18,18 @@ namespace custody::pool::detail {
 /// without a lock, and every shard made so far. A shard whose stream went quiet can be retired
 /// (its slot cleared) and later serve another key: shards are never destroyed before the table.
 ///
+/// The common path looks in `home(key)` alone: the shard in slot key mod 256 of a direct-mapped
+/// index, or a head that serves no stream (never null). A key whose slot another shard holds is
+/// found by find(), the careful way.
+///
 /// Invariants (K(sh) = sh->key, a key no stream has for a retired shard):
 ///   size_ <= capacity_; slots_ = bit_ceil(2 * capacity_), so the table is at most half full
 ///   list_[0, size_) are the shards made so far; every one serving a stream is in exactly one slot,
 ///   found by probing linearly from slot_of(K), and every retired one is in spare_
 ///   a slot is a shard, empty (nullptr: probing stops) or a tombstone (a retired key: probing goes
 ///   on); no tombstone is directly followed by an empty slot (those become empty themselves)
+///   all_[i] is &nobody_ or the first shard made serving a key k with k mod 256 = i;
+///   home_[i] = (fast_ ? all_[i] : &nobody_)
 /// Thread safety: find and for_each are lock-free (acquire loads of slots and keys published with
 /// release stores); find_or_create and retire serialize on a mutex. A thread that found a shard
 /// checks its key again under the shard's lock (retire changes it under that lock).
@@ -30,14 +37,31 @@ namespace custody::pool::detail {
 template <class Shard>
 class stream_table {
 public:
+    /// What a slot of the index holds: a shard, seen through its head.
+    using head_type = typename Shard::head_type;
+
     explicit stream_table(std::size_t capacity)
         : capacity_(capacity), slots_(std::bit_ceil(capacity * 2)),
           table_(std::make_unique<std::atomic<Shard*>[]>(slots_)),
-          list_(std::make_unique<std::atomic<Shard*>[]>(capacity)) {}
+          list_(std::make_unique<std::atomic<Shard*>[]>(capacity)) {
+        for (auto& h : home_) h.store(&nobody_, std::memory_order_relaxed);
+        for (auto& h : all_) h.store(&nobody_, std::memory_order_relaxed);
+    }
     stream_table(const stream_table&) = delete;
     stream_table& operator=(const stream_table&) = delete;
     ~stream_table() {
         for (std::size_t i = 0; i < size(); ++i) delete list_[i].load(std::memory_order_relaxed);
+    }
+
+    /// The head in the index slot of `key`: its shard when the head serves `key` (checked again
+    /// under the shard's lock); never null. One load. While the index is off (set_fast), no slot
+    /// holds a shard.
+    [[nodiscard, gnu::always_inline]] head_type* home(std::uintptr_t key) const noexcept {
+        return home_[key & (home_slots - 1)].load(std::memory_order_acquire);
+    }
+    /// home(key), on whether the index is on or off (for a pool that looks at every call).
+    [[nodiscard, gnu::always_inline]] head_type* any_home(std::uintptr_t key) const noexcept {
+        return all_[key & (home_slots - 1)].load(std::memory_order_acquire);
     }
 
     /// The shard of `key`; nullptr when there is none. The first slot probed holds it unless two
@@ -91,6 +115,10 @@ public:
             size_.store(n + 1, std::memory_order_release);
         }
         table_[free_slot].store(made, std::memory_order_release);
+        for (auto* index : {&home_, &all_}) {
+            auto& h = (*index)[key & (home_slots - 1)];
+            if ((fast_ || index == &all_) && h.load(std::memory_order_relaxed) == &nobody_) h.store(made, std::memory_order_release);
+        }
         return made;
     }
 
@@ -102,6 +130,7 @@ public:
         for (std::size_t i = slot_of(key), probes = 0; probes < slots_; i = (i + 1) & (slots_ - 1), ++probes) {
             if (table_[i].load(std::memory_order_relaxed) != sh) continue;
             table_[i].store(tombstone(), std::memory_order_release);
+            if (all_[key & (home_slots - 1)].load(std::memory_order_relaxed) == sh) index(key & (home_slots - 1), sh);
             // Tombstones right before an empty slot end no probe that could go further: empty them.
             for (std::size_t j = i; table_[(j + 1) & (slots_ - 1)].load(std::memory_order_relaxed) == nullptr &&
                                     table_[j].load(std::memory_order_relaxed) == tombstone();
@@ -111,6 +140,14 @@ public:
             spare_.push_back(sh);
             return;
         }
+    }
+
+    /// Turns the index on (the common path finds shards) or off (it finds none: a capture is
+    /// routed, or the pool looks at every call).
+    void set_fast(bool on) {
+        std::lock_guard lock(mutex_);
+        fast_ = on;
+        for (std::size_t i = 0; i < home_slots; ++i) index(i, nullptr);
     }
 
     /// The shards made so far (those retired included).
@@ -138,6 +175,25 @@ private:
     /// A slot whose key was retired: probing goes on past it.
     [[nodiscard]] static Shard* tombstone() noexcept { return reinterpret_cast<Shard*>(alignof(Shard)); }
 
+    /// Puts into index slot `i` the first shard made that serves a key of that slot, but `gone`
+    /// (being retired), or nobody (mutex_ held).
+    void index(std::size_t i, const Shard* gone) noexcept {
+        head_type* next = &nobody_;
+        for_each([&](Shard& sh) {
+            const std::uintptr_t k = sh.key.load(std::memory_order_relaxed);
+            if (next == &nobody_ && &sh != gone && k != head_type::no_stream && (k & (home_slots - 1)) == i) next = &sh;
+        });
+        all_[i].store(next, std::memory_order_release);
+        home_[i].store(fast_ ? next : &nobody_, std::memory_order_release);
+    }
+
+    static constexpr std::size_t home_slots = 256;
+    /// The head of no shard, in every index slot no shard holds.
+    inline static constinit head_type nobody_{head_type::no_stream};
+
+    std::array<std::atomic<head_type*>, home_slots> home_; ///< the common path's index
+    std::array<std::atomic<head_type*>, home_slots> all_;  ///< the same, never off
+    bool fast_ = true;                                    ///< the index is on; guarded by mutex_
     std::size_t capacity_;
     std::size_t slots_;
     std::unique_ptr<std::atomic<Shard*>[]> table_; ///< by key, open addressing
