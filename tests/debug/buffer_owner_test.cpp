@@ -20,7 +20,7 @@ using tracker = tracking_resource<resource::host_memory>;
 template <class T>
 using host_buffer = buffer<T, host::platform, host_accessible>;
 
-tracking_options quiet() {
+tracking_options owners_options() {
     tracking_options o;
     o.name = "owners";
     o.rank = make_rank(0, 0, 1);
@@ -34,7 +34,7 @@ std::size_t live_of(const tracker& t, std::string_view owner) { return t.owner_l
 
 TEST_CASE("a buffer made under an owner scope grows for that owner, in another scope or in none",
           "[debug][owner][buffer]") {
-    tracker t(quiet());
+    tracker t(owners_options());
     std::optional<host_buffer<float>> kv;
     {
         owner_scope s("kv_cache");
@@ -59,7 +59,7 @@ TEST_CASE("a buffer made under an owner scope grows for that owner, in another s
 
 TEST_CASE("a buffer given its owner keeps it across moves; an untagged one stays untagged",
           "[debug][owner][buffer]") {
-    tracker t(quiet());
+    tracker t(owners_options());
     const owner_id weights = intern_owner("weights");
     owner_scope loading("loader"); // the explicit owner wins over the open scope
     host_buffer<int> w(100, {}, t, weights);
@@ -87,7 +87,7 @@ TEST_CASE("a buffer given its owner keeps it across moves; an untagged one stays
 }
 
 TEST_CASE("growing a buffer elsewhere does not fire the other owner's watch", "[debug][owner][buffer][watch]") {
-    tracker t(quiet());
+    tracker t(owners_options());
     std::vector<watch_event> fired;
     watch w;
     w.owner = "prefill";

@@ -6,9 +6,9 @@
 // steps the same things are asserted: contents intact, counts exact in every layer (each layer
 // holds exactly what the layer above handed it), reports and snapshots naming every live block once
 // at the address the user holds; at the end, the recorder's trace holds every call with the owner
-// the tracker charged. Compiled into the NVTX suite too (CUSTODY_TEST_ANNOUNCED, with its recording
-// tool loaded): there, each live block is also named after its owner in what CUDA's tools were told,
-// with annotations on, and nothing is, with them off.
+// the tracker charged. Run by the NVTX suite too, with its recording tool loaded: there, each live
+// block is also named after its owner in what CUDA's tools were told, with annotations on, and
+// nothing is, with them off.
 #include <custody/core/discarding.hpp>
 #include <custody/debug/history.hpp>
 #include <custody/debug/owner_scope.hpp>
@@ -27,10 +27,9 @@
 #include <custody/trace/recorder.hpp>
 #include <custody/trace/recording_resource.hpp>
 
-#include "../support/catch.hpp"
-#ifdef CUSTODY_TEST_ANNOUNCED
 #include "../nvtx/recording.hpp"
-#endif
+#include "../support/catch.hpp"
+#include "../support/sizes.hpp"
 
 #include <algorithm>
 #include <array>
@@ -57,8 +56,8 @@ using custody::debug::tracking_resource;
 using custody::sleep::sleep_policy;
 using stream = host::stream_view;
 
-constexpr std::size_t KiB = 1024;
-constexpr std::size_t MiB = 1024 * KiB;
+using custody::test::KiB;
+using custody::test::MiB;
 constexpr std::size_t alignment = 256;
 constexpr std::array<const char*, 3> owners{"weights", "kv_cache", "activations"};
 
@@ -70,7 +69,7 @@ using sleepable = sleep::sleepable_memory<host::vmm, resource::host_memory>;
 using pooled_backing = pool::stream_ordered_pool<resource::host_memory>;
 using sleepable_pooled_backing = sleep::sleepable_memory<host::vmm, pooled_backing>;
 template <class U>
-using tracker = tracking_resource<U>;
+using tracker_over = tracking_resource<U>;
 template <class U>
 using pool_over = pool::stream_ordered_pool<U>;
 template <class U>
@@ -95,7 +94,7 @@ concept has_upstream = requires(R& r) { r.upstream(); };
 static_assert(discarding_resource<sleepable>);
 static_assert(discarding_resource<pool_over<sleepable>>);
 static_assert(discarding_resource<recorder_over<sleepable>>);
-static_assert(!has_property<tracker<sim>, discards_contents>);
+static_assert(!has_property<tracker_over<sim>, discards_contents>);
 
 // ---- what the model holds -------------------------------------------------------------------------
 
@@ -143,8 +142,8 @@ bool annotating = true;
 /// With the NVTX recording tool loaded: every live block the tracker holds (its upstream's block,
 /// guards included) is named after its owner, as a region of a pool's heap or as a name of its own,
 /// with annotations on; with them off, none is. Without the tool: nothing to check.
-void check_announced([[maybe_unused]] const std::map<std::uintptr_t, std::string>& outer_owners) {
-#ifdef CUSTODY_TEST_ANNOUNCED
+void check_announced(const std::map<std::uintptr_t, std::string>& outer_owners) {
+    if (!custody_nvtx_test::recording_run()) return;
     const custody_nvtx_test::recording r = custody_nvtx_test::read();
     CHECK(r.violations.empty());
     for (const auto& [outer, owner] : outer_owners) {
@@ -155,7 +154,6 @@ void check_announced([[maybe_unused]] const std::map<std::uintptr_t, std::string
                                                            : std::string();
         CHECK(seen == (annotating ? owner : std::string()));
     }
-#endif
 }
 
 std::string describe(const variant& v) {
@@ -210,25 +208,25 @@ struct stack_base {
     }
 };
 
-struct tracker_pool_chunked : stack_base<tracker<pool_over<journal_over<sim>>>> {
+struct tracker_pool_chunked : stack_base<tracker_over<pool_over<journal_over<sim>>>> {
     static constexpr const char* name = "tracker > pool (chunks) > journal > device";
     explicit tracker_pool_chunked(const variant& v) {
         resource = std::make_unique<resource_type>(tracker_options(v, history), pool_options_of(v), history, 0, 4096 * MiB);
     }
 };
-struct tracker_pool_mapped : stack_base<tracker<pool_over<mapped>>> {
+struct tracker_pool_mapped : stack_base<tracker_over<pool_over<mapped>>> {
     static constexpr const char* name = "tracker > pool (mapped) > virtual memory";
     explicit tracker_pool_mapped(const variant& v) {
         resource = std::make_unique<resource_type>(tracker_options(v, history), pool_options_of(v), 0, 1024 * MiB, granules());
     }
 };
-struct tracker_sleepable : stack_base<tracker<sleepable>> {
+struct tracker_sleepable : stack_base<tracker_over<sleepable>> {
     static constexpr const char* name = "tracker > sleepable memory";
     explicit tracker_sleepable(const variant& v) {
         resource = std::make_unique<resource_type>(tracker_options(v, history), 0);
     }
 };
-struct tracker_pool_sleepable : stack_base<tracker<pool_over<sleepable>>> {
+struct tracker_pool_sleepable : stack_base<tracker_over<pool_over<sleepable>>> {
     static constexpr const char* name = "tracker > pool (chunks) > sleepable memory, one owner";
     static constexpr bool single_owner = true;
     explicit tracker_pool_sleepable(const variant& v) {
@@ -236,7 +234,7 @@ struct tracker_pool_sleepable : stack_base<tracker<pool_over<sleepable>>> {
         resource = std::make_unique<resource_type>(tracker_options(v, history), pool_options_of(v), 0);
     }
 };
-struct recorder_tracker_pool : stack_base<recorder_over<tracker<pool_over<journal_over<sim>>>>> {
+struct recorder_tracker_pool : stack_base<recorder_over<tracker_over<pool_over<journal_over<sim>>>>> {
     static constexpr const char* name = "recorder > tracker > pool > journal > device";
     explicit recorder_tracker_pool(const variant& v) {
         start_recorder("rtp");
@@ -244,20 +242,20 @@ struct recorder_tracker_pool : stack_base<recorder_over<tracker<pool_over<journa
                                                    0, 4096 * MiB);
     }
 };
-struct tracker_recorder_sleepable : stack_base<tracker<recorder_over<sleepable>>> {
+struct tracker_recorder_sleepable : stack_base<tracker_over<recorder_over<sleepable>>> {
     static constexpr const char* name = "tracker > recorder > sleepable memory";
     explicit tracker_recorder_sleepable(const variant& v) {
         start_recorder("trs");
         resource = std::make_unique<resource_type>(tracker_options(v, history), *recorder, 0);
     }
 };
-struct pool_tracker : stack_base<pool_over<tracker<sim>>> {
+struct pool_tracker : stack_base<pool_over<tracker_over<sim>>> {
     static constexpr const char* name = "pool > tracker > device";
     explicit pool_tracker(const variant& v) {
         resource = std::make_unique<resource_type>(pool_options_of(v), tracker_options(v, history), 0, 4096 * MiB);
     }
 };
-struct tracker_sleepable_pooled_backing : stack_base<tracker<sleepable_pooled_backing>> {
+struct tracker_sleepable_pooled_backing : stack_base<tracker_over<sleepable_pooled_backing>> {
     static constexpr const char* name = "tracker > sleepable memory offloading into a pool";
     explicit tracker_sleepable_pooled_backing(const variant& v) {
         resource = std::make_unique<resource_type>(tracker_options(v, history), 0, sleep::sleep_options{},
@@ -598,9 +596,7 @@ TEMPLATE_LIST_TEST_CASE("compose: every stack keeps contents, counts in every la
                 const variant v{annotate, checked, canaries};
                 INFO(TestType::name << ", " << describe(v));
                 annotating = annotate;
-#ifdef CUSTODY_TEST_ANNOUNCED
-                custody_nvtx_recorder_forget(); // names of blocks gone with earlier runs
-#endif
+                custody_nvtx_test::forget(); // names of blocks gone with earlier runs
                 TestType stack(v);
                 model<TestType> m(stack, seed++);
                 m.run(100);
@@ -624,7 +620,7 @@ TEST_CASE("compose: the staging ring over a tracker, a pool and a recorder: one 
         auto history = std::make_shared<debug::allocation_history>(64);
         variant v{annotate, true, true};
         debug::owner_scope owner("staging");
-        staging::staging_ring<tracker<pool_over<resource::host_memory>>> ring(ro, tracker_options(v, history),
+        staging::staging_ring<tracker_over<pool_over<resource::host_memory>>> ring(ro, tracker_options(v, history),
                                                                              pool_options_of(v));
         const auto blocks = ring.upstream().live_blocks();
         REQUIRE(blocks.size() == 1);

@@ -9,6 +9,7 @@
 #include <custody/resource/host_memory.hpp>
 
 #include "../support/catch.hpp"
+#include "../support/sizes.hpp"
 
 #include <sstream>
 #include <string>
@@ -21,10 +22,10 @@ namespace json = custody::debug::detail::json;
 
 namespace {
 
-constexpr std::size_t MiB = std::size_t{1} << 20;
-using pool_tracker = tracking_resource<pool::stream_ordered_pool<resource::host_memory>>;
+using custody::test::MiB;
+using tracked_pool = tracking_resource<pool::stream_ordered_pool<resource::host_memory>>;
 
-tracking_options quiet(int rank, int world) {
+tracking_options rank_options(int rank, int world) {
     tracking_options o;
     o.name = "rank" + std::to_string(rank);
     o.rank = make_rank(rank, rank, world);
@@ -37,7 +38,7 @@ tracking_options quiet(int rank, int world) {
 rank_report pooled_report(int rank, int world, std::size_t hold, std::size_t live) {
     pool::pool_options p;
     p.growth_step = 2 * MiB;
-    pool_tracker t(quiet(rank, world), p);
+    tracked_pool t(rank_options(rank, world), p);
     void* spare = t.allocate({}, hold * MiB, 256, "cache"); // grows the pool, then goes back to it
     t.deallocate({}, spare, hold * MiB, 256);
     void* kept = t.allocate({}, live * MiB, 256, "weights");

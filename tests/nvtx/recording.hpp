@@ -1,5 +1,8 @@
 // What the NVTX recording tool (recorder.cpp, a shared library loaded by NVTX through
-// NVTX_INJECTION64_PATH) holds, read by the tests that link it: its C interface, and a C++ snapshot.
+// NVTX_INJECTION64_PATH) holds: its C interface, and a C++ snapshot read through the library the
+// variable names, so that a suite checks what CUDA's tools were told when it is run with the tool
+// (the nvtx suite runs the pool's model tests and the composition matrix so) and skips the check
+// when it is not.
 #pragma once
 
 #include <stddef.h>
@@ -32,11 +35,53 @@ void custody_nvtx_recorder_forget(void);
 }
 
 #ifdef __cplusplus
+#include <cstdlib>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <dlfcn.h>
+
 namespace custody_nvtx_test {
+
+/// The tool's functions, from the library NVTX_INJECTION64_PATH names (the one NVTX loads: opening
+/// it again returns the same library); null when the variable names none. Throws when it names a
+/// library that is not the recording tool: a run meant to check what the tools were told must not
+/// pass without checking.
+struct recorder_functions {
+    decltype(&custody_nvtx_recorder_read) read = nullptr;
+    decltype(&custody_nvtx_recorder_forget) forget = nullptr;
+};
+inline const char* recorder_path() {
+    const char* path = std::getenv("NVTX_INJECTION64_PATH");
+    return path != nullptr && *path != '\0' ? path : nullptr;
+}
+inline const recorder_functions* recorder() {
+    static recorder_functions found;
+    if (found.read != nullptr) return &found;
+    const char* path = recorder_path();
+    if (path == nullptr) return nullptr;
+    void* library = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (library != nullptr) {
+        found.forget = reinterpret_cast<decltype(found.forget)>(::dlsym(library, "custody_nvtx_recorder_forget"));
+        found.read = reinterpret_cast<decltype(found.read)>(::dlsym(library, "custody_nvtx_recorder_read"));
+    }
+    if (found.read == nullptr || found.forget == nullptr) {
+        found = {};
+        throw std::runtime_error(std::string("NVTX_INJECTION64_PATH names ") + path +
+                                 ", which is not the NVTX recording tool (tests/nvtx/recorder.cpp)");
+    }
+    return &found;
+}
+
+/// Whether this run has the recording tool loaded: what the checks below need.
+inline bool recording_run() { return recorder_path() != nullptr; }
+
+/// Forgets what custody_nvtx_recorder_forget forgets; nothing without the tool.
+inline void forget() {
+    if (const recorder_functions* f = recorder()) f->forget();
+}
 
 struct heap {
     std::size_t size;
@@ -76,9 +121,12 @@ struct recording {
     }
 };
 
+/// What the tool holds; empty without it.
 inline recording read() {
     recording r;
-    custody_nvtx_recorder_read(
+    const recorder_functions* f = recorder();
+    if (f == nullptr) return r;
+    f->read(
         [](void* context, custody_nvtx_kind kind, custody_nvtx_record e) {
             auto& out = *static_cast<recording*>(context);
             const std::string name = e.name != nullptr ? e.name : "";

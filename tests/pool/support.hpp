@@ -8,8 +8,10 @@
 #include <custody/resource/host_memory.hpp>
 #include <custody/resource/simulated_device_memory.hpp>
 
+#include "../nvtx/recording.hpp"
 #include "../support/catch.hpp"
 #include "../support/failure_log.hpp"
+#include "../support/sizes.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -24,12 +26,6 @@
 #include <utility>
 #include <vector>
 
-#ifdef CUSTODY_TEST_ANNOUNCED
-#include "../nvtx/recording.hpp"
-
-#include <map>
-#endif
-
 namespace custody_pool_test {
 
 using custody::host::platform;
@@ -41,8 +37,8 @@ using custody::resource::host_memory;
 namespace detail = custody::pool::detail;
 using custody::test::failure_log;
 
-constexpr std::size_t KiB = 1024;
-constexpr std::size_t MiB = 1024 * 1024;
+using custody::test::KiB;
+using custody::test::MiB;
 
 /// The accounting identity of pool_statistics, which must hold whenever no call is in flight.
 template <class Pool>
@@ -60,12 +56,8 @@ void check_accounting(const Pool& pool) {
     CHECK(p.totals.peak_live_bytes >= p.totals.live_bytes);
 }
 
-/// Whether these tests are built with NVTX's recording tool loaded (tests/nvtx).
-#ifdef CUSTODY_TEST_ANNOUNCED
-inline constexpr bool announced_build = true;
-#else
-inline constexpr bool announced_build = false;
-#endif
+/// Whether these tests run with NVTX's recording tool loaded (the nvtx suite runs them so).
+inline bool announced_run() { return custody_nvtx_test::recording_run(); }
 
 /// A live block of a test's model as (address, requested bytes).
 template <class Block>
@@ -80,11 +72,11 @@ std::pair<std::uintptr_t, std::size_t> announced_entry(const std::tuple<void*, s
 /// What CUDA's tools were told matches the pool: exactly the blocks of `live` are regions, with
 /// their requested sizes; the heaps hold exactly the pool's reserve (for a pool that maps, its
 /// address space, once it mapped anything); no call broke NVTX's rules.
-/// Checked where these tests are built again with the NVTX recording tool loaded (tests/nvtx, which
-/// defines CUSTODY_TEST_ANNOUNCED); nothing in the pool suite. Only one pool may be alive.
+/// Checked when the NVTX recording tool is loaded (the nvtx suite runs these tests with it); nothing
+/// otherwise. Only one pool may be alive.
 template <class Pool, class Live>
-void check_announced([[maybe_unused]] const Pool& pool, [[maybe_unused]] const Live& live) {
-#ifdef CUSTODY_TEST_ANNOUNCED
+void check_announced(const Pool& pool, const Live& live) {
+    if (!announced_run()) return;
     std::map<std::uintptr_t, std::size_t> expected;
     for (const auto& e : live) expected.insert(announced_entry(e));
     const custody_nvtx_test::recording r = custody_nvtx_test::read();
@@ -96,7 +88,6 @@ void check_announced([[maybe_unused]] const Pool& pool, [[maybe_unused]] const L
                              : d.upstream_allocations == 0 ? 0
                                                            : d.address_space_bytes;
     REQUIRE(r.heap_bytes() == held);
-#endif
 }
 
 /// A pool of `chunks` chunks of `n` bytes whose streams record their event at every free and keep
@@ -239,7 +230,7 @@ void run_model(Pool& pool, const pool_options& o, unsigned seed, int ops) {
             if (slot < streams.size()) streams[slot].reset(); // destroyed: its blocks come back on others later
         } else if (dice < 998) {
             pool.trim();
-        } else if (!announced_build) {
+        } else if (!announced_run()) {
             // A capture routed into a private pool, on a stream of the model's (its capture is not
             // begun: the route claims the stream without asking the platform).
             const std::size_t cap = rng() % streams.size();

@@ -5,6 +5,7 @@
 /// that PyTorch's viewer plays back (debug/pytorch_snapshot.hpp).
 #pragma once
 
+#include <custody/core/detail/mutex.hpp>
 #include <custody/debug/detail/call_stack.hpp>
 #include <custody/debug/owner_scope.hpp>
 
@@ -118,7 +119,7 @@ public:
 
 private:
     std::atomic<std::size_t> capacity_;
-    mutable std::mutex mutex_;
+    mutable custody::detail::mutex mutex_;
     std::deque<history_event> events_; ///< events_.size() <= capacity_
     std::uint64_t forgotten_ = 0;
     std::uint64_t dropped_ = 0;

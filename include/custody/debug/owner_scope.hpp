@@ -3,6 +3,7 @@
 /// ("decoder/layer.3/attn" when nested), and the interned owner names the tracker stores.
 #pragma once
 
+#include <custody/core/detail/mutex.hpp>
 #include <custody/core/owner.hpp>
 
 #include <mutex>
@@ -37,7 +38,7 @@ public:
     }
 
 private:
-    std::mutex mutex_;
+    custody::detail::mutex mutex_;
     std::unordered_set<std::string> names_;
 };
 

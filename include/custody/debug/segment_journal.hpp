@@ -6,6 +6,7 @@
 #pragma once
 
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/mutex.hpp>
 #include <custody/core/discarding.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/core/statistics.hpp>
@@ -286,7 +287,7 @@ private:
 
     Upstream upstream_;
     std::shared_ptr<allocation_history> history_; ///< null: no history kept
-    mutable std::mutex mutex_;
+    mutable custody::detail::mutex mutex_;
     std::map<std::uintptr_t, memory_segment> segments_; ///< address -> the segment held there
 };
 

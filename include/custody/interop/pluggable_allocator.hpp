@@ -9,6 +9,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/mutex.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/platform/platform.hpp>
@@ -348,8 +349,8 @@ private:
     factory_type factory_;
     std::unique_ptr<std::atomic<Resource*>[]> slots_; // slots_[d] == nullptr until device d is used
     std::unique_ptr<std::atomic<std::uint64_t>[]> ooms_; // ooms_[d]: out_of_memory thrown for device d
-    std::mutex create_mutex_;
-    mutable std::mutex callback_mutex_;
+    custody::detail::mutex create_mutex_;
+    mutable custody::detail::mutex callback_mutex_;
     std::shared_ptr<const out_of_memory_callback> on_out_of_memory_; ///< guarded by callback_mutex_
 };
 

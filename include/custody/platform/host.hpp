@@ -20,6 +20,7 @@
 /// capture and is never part of a capture (host streams do not synchronize with it implicitly).
 #pragma once
 
+#include <custody/core/detail/mutex.hpp>
 #include <custody/platform/capture.hpp>
 #include <custody/platform/detail/host_capture.hpp>
 #include <custody/platform/detail/host_streams.hpp>
@@ -217,7 +218,7 @@ private:
     friend struct platform;
     struct body {
         std::vector<std::function<void()>> tasks; // in an order that respects every dependency
-        std::mutex mutex;                         // guards the last launch's mark
+        custody::detail::mutex mutex; // guards the last launch's mark
         std::shared_ptr<detail::stream_state> last_stream;
         std::uint64_t last_ticket = 0;
     };

@@ -6,8 +6,9 @@
 #pragma once
 
 #include <custody/core/concepts.hpp>
-#include <custody/core/discarding.hpp>
 #include <custody/core/detail/layers.hpp>
+#include <custody/core/detail/mutex.hpp>
+#include <custody/core/discarding.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/properties.hpp>
 #include <custody/core/statistics.hpp>
@@ -360,7 +361,7 @@ private:
     }
 
     Upstream upstream_;
-    mutable std::mutex mutex_;
+    mutable custody::detail::mutex mutex_;
     std::unordered_map<std::uintptr_t, std::vector<stream_type>> uses_; ///< live blocks' recorded streams
     std::vector<held_block> held_;                                       ///< freed, waiting for their events
     std::vector<event_type> stock_;                                      ///< completed events, for reuse

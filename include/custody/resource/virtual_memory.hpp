@@ -5,9 +5,10 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/mutex.hpp>
 #include <custody/core/error.hpp>
-#include <custody/core/properties.hpp>
 #include <custody/core/failure_callback.hpp>
+#include <custody/core/properties.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/platform/platform.hpp>
 #include <custody/platform/virtual_memory.hpp>
@@ -402,7 +403,7 @@ private:
                std::to_string(s.granule) + " B";
     }
 
-    mutable std::mutex mutex_;
+    mutable custody::detail::mutex mutex_;
     virtual_reservation<Vmm> range_;        // guarded by mutex_
     // Guarded by mutex_; the range's address space is in exactly one of them:
     //   sum(free_ lengths) + sum(live spans) + claimed_bytes_ + withheld_ == reserved

@@ -19,6 +19,7 @@
 
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/mutex.hpp>
 #include <custody/core/discarding.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/failure_callback.hpp>
@@ -550,7 +551,7 @@ private:
     Backing backing_;
     [[no_unique_address]] copies_type copies_;
     typename platform_type::stream stream_; ///< the copies of sleeps and wakes; only they enqueue on it
-    mutable std::mutex mutex_;
+    mutable custody::detail::mutex mutex_;
     detail::block_ledger<range_type, stream_type> ledger_; ///< guarded by mutex_
 };
 

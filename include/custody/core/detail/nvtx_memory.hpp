@@ -44,6 +44,7 @@
 #define CUSTODY_HAS_NVTX 0
 #endif
 
+#include <custody/core/detail/mutex.hpp>
 #include <custody/core/failure_callback.hpp>
 
 #include <algorithm>
@@ -314,7 +315,7 @@ private:
         report_failure(line);
     }
 
-    std::mutex mutex_;
+    custody::detail::mutex mutex_;
     std::map<std::uintptr_t, heap> heaps_;           ///< base -> heap; guarded by mutex_
     std::map<std::uintptr_t, std::size_t> regions_;  ///< block address -> bytes; guarded by mutex_
     bool lost_ = false;                              ///< guarded by mutex_

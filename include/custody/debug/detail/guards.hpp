@@ -6,6 +6,7 @@
 #pragma once
 
 #include <custody/core/align.hpp>
+#include <custody/core/detail/mutex.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/debug/report.hpp>
 #include <custody/debug/tracking_options.hpp>
@@ -238,7 +239,7 @@ private:
     std::size_t guard_bytes_;                              // 1..max_guard_bytes when canaries_
     std::array<unsigned char, 2 * max_guard_bytes> pattern_; // both guards as written
 
-    std::mutex mutex_; // guards pending_
+    custody::detail::mutex mutex_; // guards pending_
     std::list<pending_check> pending_; // a list: drain() takes checks out without allocating
     std::atomic<std::size_t> pending_count_{0}; // == pending_.size()
 };

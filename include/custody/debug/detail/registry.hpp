@@ -3,6 +3,7 @@
 /// pointer?" when a tracker is given a pointer it does not know.
 #pragma once
 
+#include <custody/core/detail/mutex.hpp>
 #include <custody/debug/report.hpp>
 
 #include <mutex>
@@ -51,7 +52,7 @@ public:
     }
 
 private:
-    mutable std::mutex mutex_;
+    mutable custody::detail::mutex mutex_;
     std::vector<tracker_entry> entries_; // one per live tracker
 };
 

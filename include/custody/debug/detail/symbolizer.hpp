@@ -10,6 +10,7 @@
 /// later.
 #pragma once
 
+#include <custody/core/detail/mutex.hpp>
 #include <custody/debug/detail/frame_text.hpp>
 
 #include <cxxabi.h>
@@ -326,7 +327,7 @@ private:
 /// and never destroyed, so a report made while static objects are destroyed (a leak report at
 /// exit) still symbolizes; the modules it opened stay mapped until the process ends.
 struct shared_symbolizer {
-    std::mutex mutex;
+    custody::detail::mutex mutex;
     symbolizer instance; ///< guarded by mutex
 };
 

@@ -5,6 +5,7 @@
 /// the lock is released.
 #pragma once
 
+#include <custody/core/detail/mutex.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/core/statistics.hpp>
 #include <custody/debug/detail/free_checks.hpp>
@@ -249,7 +250,7 @@ private:
         return w.what == watch::subject::owner ? ledger_.owner(owner).bytes : ledger_.device(w.device).bytes;
     }
 
-    mutable std::mutex mutex_; // guards the four below
+    mutable custody::detail::mutex mutex_; // guards the four below
     ledger_type ledger_;
     watch_set watches_;
     timeline timeline_;

@@ -5,9 +5,10 @@
 /// the most recent violations for reports.
 #pragma once
 
+#include <custody/core/detail/format.hpp>
+#include <custody/core/detail/mutex.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/debug/detail/call_stack.hpp>
-#include <custody/core/detail/format.hpp>
 #include <custody/debug/detail/free_checks.hpp>
 #include <custody/debug/detail/guards.hpp>
 #include <custody/debug/detail/ledger.hpp>
@@ -190,7 +191,7 @@ public:
 private:
     const tracking_options& options_;
     int rank_;
-    mutable std::mutex mutex_; // guards kept_ and pending_
+    mutable custody::detail::mutex mutex_; // guards kept_ and pending_
     std::deque<violation> kept_;
     std::optional<violation> pending_;
     std::atomic<std::uint64_t> count_{0};

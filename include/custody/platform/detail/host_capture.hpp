@@ -4,6 +4,7 @@
 /// prohibited, and each thread's capture mode. Streams and events use it (platform/host.hpp).
 #pragma once
 
+#include <custody/core/detail/mutex.hpp>
 #include <custody/platform/capture.hpp>
 
 #include <algorithm>
@@ -185,7 +186,7 @@ private:
     const capture_mode mode_;
     stream_state* const origin_;
     const std::thread::id thread_;
-    mutable std::mutex mutex_;
+    mutable custody::detail::mutex mutex_;
     std::vector<node> nodes_;
     std::vector<member> members_;
     bool ended_ = false;
@@ -252,7 +253,7 @@ public:
     [[nodiscard]] bool any_open() const noexcept { return count_.load(std::memory_order_acquire) != 0; }
 
 private:
-    std::mutex mutex_;
+    custody::detail::mutex mutex_;
     std::vector<std::shared_ptr<capture_sequence>> open_;
     std::atomic<std::size_t> count_{0}; // == open_.size()
     std::atomic<std::uint64_t> ids_{0};

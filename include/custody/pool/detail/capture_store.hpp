@@ -7,6 +7,7 @@
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/detail/memory_annotations.hpp>
+#include <custody/core/detail/mutex.hpp>
 #include <custody/core/error.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/core/statistics.hpp>
@@ -518,7 +519,7 @@ private:
     const quiet_type quiet_;
     custody::detail::memory_annotations& annotations_;
 
-    mutable std::mutex mutex_;
+    mutable custody::detail::mutex mutex_;
     std::optional<typename platform_type::stream> growth_stream_; ///< made at the first growth
     std::map<capture_pool_id, std::unique_ptr<private_pool>> pools_;
     std::set<capture_pool_id> retired_; ///< ids released for good: one small node per released id

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <custody/core/detail/atomic_peak.hpp>
+#include <custody/core/detail/mutex.hpp>
 #include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/free_set.hpp>
 
@@ -154,7 +155,7 @@ private:
         return {it->first, it->second.size, it->second.kind};
     }
 
-    mutable std::shared_mutex mutex_;
+    mutable custody::detail::shared_mutex mutex_;
     std::map<std::uintptr_t, info> chunks_; ///< base -> chunk
     std::atomic<std::size_t> reserved_{0};
     per_kind<std::atomic<std::size_t>> kind_reserved_{}; ///< reserved_, by the chunks' kind

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/mutex.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/platform/capture.hpp>
 #include <custody/platform/platform.hpp>
@@ -331,7 +332,7 @@ private:
     caches_type& front_;
     shared_store<Upstream>& store_;
     activity_counters& activity_;
-    std::mutex sweep_mutex_; ///< serializes retire_idle
+    custody::detail::mutex sweep_mutex_; ///< serializes retire_idle
 };
 
 } // namespace custody::pool::detail

@@ -3,6 +3,8 @@
 /// an allocation's hot path.
 #pragma once
 
+#include <custody/core/detail/mutex.hpp>
+
 #include <cstddef>
 #include <mutex>
 #include <utility>
@@ -66,7 +68,7 @@ private:
 
     int device_;
     std::size_t batch_;
-    mutable std::mutex mutex_;
+    mutable custody::detail::mutex mutex_;
     std::vector<event> stock_; // events ready to hand out, all created on device_
 };
 

@@ -6,6 +6,7 @@
 #include <custody/core/align.hpp>
 #include <custody/core/concepts.hpp>
 #include <custody/core/detail/memory_annotations.hpp>
+#include <custody/core/detail/mutex.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/pool/detail/block_kind.hpp>
 #include <custody/pool/detail/chunk_map.hpp>
@@ -257,7 +258,7 @@ private:
         return t;
     }
 
-    mutable std::mutex mutex_;
+    mutable custody::detail::mutex mutex_;
     growth_type growth_;      ///< guarded by mutex_ (its counters may be read without it)
     std::size_t initial_;     ///< pool_options::initial_size, rounded
     per_kind<free_set> free_; ///< guarded by mutex_

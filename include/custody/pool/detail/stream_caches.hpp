@@ -5,6 +5,7 @@
 #pragma once
 
 #include <custody/core/concepts.hpp>
+#include <custody/core/detail/mutex.hpp>
 #include <custody/core/failure_callback.hpp>
 #include <custody/platform/platform.hpp>
 #include <custody/pool/detail/counters.hpp>
@@ -373,7 +374,7 @@ private:
     stream_table<shard> table_;
     live_counts<shard> counts_; ///< live bytes = the shards' credit.live() + counts_.slow()'s
     live_blocks live_;          ///< checked mode: the blocks handed out
-    mutable std::mutex sweep_mutex_; ///< guards retired_
+    mutable custody::detail::mutex sweep_mutex_; ///< guards retired_
     counters retired_;               ///< the counts of retired shards
     std::uint64_t retired_fast_ = 0; ///< their common-path allocations
 };

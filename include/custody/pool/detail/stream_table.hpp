@@ -3,6 +3,8 @@
 /// load from a direct-mapped index), and given to a new stream once their own stream has gone quiet.
 #pragma once
 
+#include <custody/core/detail/mutex.hpp>
+
 #include <array>
 #include <atomic>
 #include <bit>
@@ -199,7 +201,7 @@ private:
     std::unique_ptr<std::atomic<Shard*>[]> table_; ///< by key, open addressing
     std::unique_ptr<std::atomic<Shard*>[]> list_;  ///< list_[0, size_): in the order made
     std::atomic<std::size_t> size_{0};
-    mutable std::mutex mutex_;  ///< serializes creation and retirement
+    mutable custody::detail::mutex mutex_; ///< serializes creation and retirement
     std::vector<Shard*> spare_; ///< retired shards, guarded by mutex_
 };
 

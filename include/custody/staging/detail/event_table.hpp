@@ -3,6 +3,8 @@
 /// (up front, or at its first copy) and read without a lock after.
 #pragma once
 
+#include <custody/core/detail/mutex.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -61,7 +63,7 @@ private:
     std::size_t slot_count_;
     int device_count_;
     std::unique_ptr<event_row[]> rows_; ///< rows_[d] for each device d < device_count_
-    std::mutex mutex_;                  ///< serializes building a row
+    custody::detail::mutex mutex_; ///< serializes building a row
 };
 
 } // namespace custody::staging::detail
