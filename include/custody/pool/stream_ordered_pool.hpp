@@ -24,6 +24,7 @@
 #include <custody/pool/capture_error.hpp>
 #include <custody/pool/capture_pool_id.hpp>
 #include <custody/pool/detail/capture_store.hpp>
+#include <custody/pool/detail/careful_way.hpp>
 #include <custody/pool/detail/counters.hpp>
 #include <custody/pool/detail/covering.hpp>
 #include <custody/pool/detail/growth.hpp>
@@ -107,7 +108,9 @@ public:
           request_limit_(detail::growth_rule(options_).request_limit()),
           capture_store_(upstream_, device_, chunk_alignment, options_.growth_step, options_.check_capture,
                          [this](std::size_t n) { return store_.may_take(n + capture_store_.reserved_bytes()); },
-                         annotations_, annotations_.on(), [this](bool quiet) { front_.enable_fast(quiet); }) {
+                         annotations_, annotations_.on(), [this](bool quiet) { front_.enable_fast(quiet); }),
+          careful_({options_, device_, annotations_, activity_, store_, front_, covering_, seam_, capture_store_,
+                    request_limit_, &figures_of, this}) {
         if (options_.initial_size > 0 && !store_.grow_exactly(detail::block_kind::large, align_up(options_.initial_size, granule))) {
             const std::string limits = store_.describe_limits(options_.initial_size);
             throw out_of_memory(options_.initial_size, chunk_alignment, device_, statistics(), name,
@@ -292,107 +295,16 @@ private:
 
     // ---- the careful way: checked mode, captures, validation, large blocks, the slow path ----
 
+    static pool_statistics figures_of(const void* pool) { return static_cast<const stream_ordered_pool*>(pool)->detailed_statistics(); }
+
     [[gnu::noinline]] void* allocate_careful(stream_type stream, std::size_t bytes, std::size_t alignment) {
-        if (!watched_) [[likely]] return take_block(stream, bytes, alignment);
-        void* p = options_.checked ? allocate_checked(stream, bytes, alignment) : take_own_or_block(stream, bytes, alignment);
-        annotations_.handed_out(p, bytes); // once the block is this call's alone
-        return p;
+        return careful_.allocate(stream, bytes, alignment);
     }
     [[gnu::noinline]] void deallocate_careful(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        if (ptr == nullptr) return;
-        if (!watched_) [[likely]] return give_block(stream, ptr, bytes, alignment);
-        const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-        if (options_.checked && !front_.forget_live(address, bytes, alignment)) [[unlikely]] {
-            return refuse(stream, address, bytes, alignment);
-        }
-        annotations_.coming_back(ptr); // while the block is still this call's alone
-        if (!options_.checked && bytes - 1 < small_threshold && !capture_store_.watching() && !capture_store_.owns(address)) {
-            if (front_.push_found(front_.key_of(stream), address, bytes)) return;
-        }
-        give_block(stream, ptr, bytes, alignment);
+        careful_.deallocate(stream, ptr, bytes, alignment);
     }
-
-    void* take_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
-        if (!is_pow2(alignment) || alignment > max_alignment) [[unlikely]] check_alignment(alignment, max_alignment);
-        if (bytes == 0) return nullptr;
-        if (bytes > request_limit_.load(std::memory_order_relaxed)) [[unlikely]] {
-            activity_.count(activity_.failures);
-            throw_out_of_memory(bytes, alignment, "the request exceeds the pool's limits");
-        }
-        if (capture_store_.watching()) [[unlikely]] {
-            try {
-                if (void* p = capture_store_.allocate(stream, bytes, alignment)) return p;
-            } catch (const out_of_memory&) { // a private pool that cannot grow: counted as every failure is
-                activity_.count(activity_.failures);
-                throw;
-            }
-        }
-        const char* why = nullptr;
-        if (void* p = seam_.take(stream, detail::classify(bytes, alignment), capture_store_.routing(), why)) return p;
-        activity_.count(activity_.failures);
-        throw_out_of_memory(bytes, alignment, why == nullptr ? std::string_view{} : std::string_view{why});
-    }
-
-    void give_block(stream_type stream, void* ptr, std::size_t bytes, std::size_t alignment) noexcept {
-        const request r = detail::classify(bytes, alignment);
-        const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-        if (capture_store_.owns(address)) [[unlikely]] {
-            capture_store_.deallocate(stream, address, bytes);
-        } else if (capture_store_.watching() && capture_store_.capturing(stream)) [[unlikely]] {
-            store_.quarantine(r.size);
-            front_.count_given_without_shard(r);
-        } else {
-            covering_.give_back(stream, front_.key_of(stream), address, r);
-        }
-    }
-
-    // ---- checked mode and CUDA's tools: the common path's stacks when no capture is watched ----
-
-    /// take_block, the block recorded among the live ones (room made first: a bad_alloc takes no
-    /// block). The common path records the blocks it serves itself (stream_caches::pop_checked).
-    [[gnu::always_inline]] void* allocate_checked(stream_type stream, std::size_t bytes, std::size_t alignment) {
-        detail::live_blocks& live = front_.live();
-        front_.reserve_live(front_.key_of(stream)); // for the common path's next blocks
-        live.reserve_one();
-        void* p = nullptr;
-        try {
-            p = take_block(stream, bytes, alignment);
-        } catch (...) {
-            live.unreserve();
-            throw;
-        }
-        if (p == nullptr) [[unlikely]] {
-            live.unreserve();
-        } else {
-            live.add(reinterpret_cast<std::uintptr_t>(p), bytes, alignment);
-        }
-        return p;
-    }
-    [[gnu::always_inline]] void* take_own_or_block(stream_type stream, std::size_t bytes, std::size_t alignment) {
-        if (bytes - 1 < small_threshold && detail::fits_granule(alignment) && !capture_store_.watching()) {
-            void* p = nullptr;
-            if (front_.pop_found(front_.key_of(stream), bytes, p)) return p;
-        }
-        return take_block(stream, bytes, alignment);
-    }
-    /// Reports a deallocate that matches no live block (the pool is left as it was).
-    [[gnu::noinline, gnu::cold]] void refuse(stream_type stream, std::uintptr_t address, std::size_t bytes,
-                                             std::size_t alignment) noexcept {
-        misuse m = front_.misuse_of({.address = address, .bytes = bytes, .alignment = alignment},
-                                   [&](std::uintptr_t a) { return store_.chunks().find(a).size != 0; });
-        m.stream_key = platform_type::stream_key(stream); // asked only for the report
-        detail::live_blocks::report(m, options_.on_misuse);
-        activity_.count(activity_.misuses);
-    }
-
-    [[noreturn]] void throw_out_of_memory(std::size_t bytes, std::size_t alignment, std::string_view reason) const {
-        const pool_statistics p = detailed_statistics();
-        std::string d(reason);
-        for (const std::string& part : {store_.describe_limits(bytes), p.describe()}) {
-            if (!part.empty()) d += (d.empty() ? "" : "; ") + part;
-        }
-        throw out_of_memory(bytes, alignment, device_, p.totals, name, d);
-    }
+    /// A block for `bytes` at `alignment` on `stream` the careful way (see careful_way::take).
+    void* take_block(stream_type stream, std::size_t bytes, std::size_t alignment) { return careful_.take(stream, bytes, alignment); }
 
     // ---- fields ----
     // Lock order: a shard's lock, then the chunk map's; the shared store's, then the chunk map's;
@@ -416,6 +328,7 @@ private:
     std::atomic<std::size_t> request_limit_;    // larger requests fail at once (limits, budget)
     // After the fields it reads (upstream_, options_, device_, store_): capture-private pools.
     detail::capture_store<Upstream> capture_store_;
+    detail::careful_way<Upstream> careful_; // last: it refers to every part above
 };
 
 } // namespace custody::pool

@@ -1,7 +1,7 @@
 /// @file
 /// `capture_store`: the capture-private pools of one stream_ordered_pool: which streams' allocations
-/// go to which private pool while a graph is captured, the private pools' chunks and free blocks,
-/// and when their memory goes back to the upstream.
+/// go to which private pool while a graph is captured, and when a pool's memory goes back to the
+/// upstream (its chunks and blocks: private_pools.hpp).
 #pragma once
 
 #include <custody/core/align.hpp>
@@ -14,10 +14,7 @@
 #include <custody/platform/capture.hpp>
 #include <custody/pool/capture_error.hpp>
 #include <custody/pool/capture_pool_id.hpp>
-#include <custody/pool/detail/address_ranges.hpp>
-#include <custody/pool/detail/free_set.hpp>
-#include <custody/pool/detail/growth.hpp>
-#include <custody/pool/detail/size_classes.hpp>
+#include <custody/pool/detail/private_pools.hpp>
 
 #include <atomic>
 #include <cstddef>
@@ -34,34 +31,6 @@
 #include <vector>
 
 namespace custody::pool::detail {
-
-/// What a capture_store holds, for the pool's statistics. A plain value.
-///   reserved_bytes = live_block_bytes + free_bytes + lost_bytes
-struct capture_figures {
-    std::size_t reserved_bytes = 0;   ///< chunks held by private pools
-    std::size_t live_bytes = 0;       ///< requested bytes of the private blocks handed out
-    std::size_t live_block_bytes = 0; ///< the same blocks' bytes, rounded to the granule
-    std::size_t free_bytes = 0;       ///< free in private pools (reusable by their later captures only)
-    std::size_t lost_bytes = 0;       ///< given back when no host memory could record them: unused until released
-    std::size_t pools = 0;            ///< private pools alive (holding memory or held by a graph)
-    std::size_t routes = 0;           ///< begin_allocate_to_pool calls not yet ended
-    std::size_t chunks = 0;
-    std::uint64_t allocations = 0;
-    std::uint64_t deallocations = 0;
-    std::uint64_t upstream_allocations = 0;
-    std::uint64_t upstream_deallocations = 0;
-
-    /// The private pools' share of a resource's statistics (no peaks: the owner keeps those).
-    [[nodiscard]] resource_statistics totals() const noexcept {
-        resource_statistics s;
-        s.live_bytes = live_bytes;
-        s.reserved_bytes = reserved_bytes;
-        s.allocations = allocations;
-        s.deallocations = deallocations;
-        s.live_allocations = static_cast<std::size_t>(allocations - deallocations);
-        return s;
-    }
-};
 
 /// The capture-private pools of a stream_ordered_pool over `Upstream`.
 ///
@@ -87,10 +56,7 @@ struct capture_figures {
 /// Invariants (under mutex_):
 ///   routes_list_.size() == routes_ ; p.routing <=> exactly one route names p
 ///   id in retired_ <=> its last hold was released (then pools_[id], if any, has holds == 0)
-///   for each pool p: p.reserved = sum of p.chunks = p.block_bytes + p.common.bytes()
-///                    + sum of p.pending[*].bytes() + p.lost
-///   p.pending is empty unless p.routing
-///   chunk_owner_ and ranges_ hold exactly the chunks of every pool; reserved_ = sum of p.reserved
+///   each pool's own invariants (private_pool), and chunks_'s (private_chunks)
 /// Thread safety: thread-safe (one mutex; the common path of the owning pool reads two atomics).
 /// Ownership: owns the private chunks, taken from and given back to the owner's upstream, which
 /// must outlive the store. Each chunk is announced to CUDA's tools as a heap of its own that is one
@@ -105,10 +71,6 @@ public:
     using filter_type = std::function<bool(stream_type)>;
     /// The owner's limits: true when `n` more bytes may be taken from the upstream.
     using limit_type = std::function<bool(std::size_t)>;
-
-    /// The GPU's large page: a private chunk is growth_step, or the request rounded up to this.
-    static constexpr std::size_t chunk_rounding = std::size_t{2} << 20;
-
     /// Tells the owner whether its common path may serve calls (see update_attention).
     using quiet_type = std::function<void(bool)>;
 
@@ -117,9 +79,8 @@ public:
     capture_store(Upstream& upstream, int device, std::size_t chunk_alignment, std::size_t growth_step,
                   capture_check check, limit_type may_take, custody::detail::memory_annotations& annotations,
                   bool always_careful = false, quiet_type quiet = [](bool) {})
-        : upstream_(upstream), device_(device), chunk_alignment_(chunk_alignment), growth_step_(growth_step),
-          every_call_(check == capture_check::every_call), always_careful_(always_careful),
-          may_take_(std::move(may_take)), quiet_(std::move(quiet)), annotations_(annotations) {
+        : every_call_(check == capture_check::every_call), always_careful_(always_careful), quiet_(std::move(quiet)),
+          device_(device), chunks_(upstream, device, chunk_alignment, growth_step, std::move(may_take), annotations) {
         update_attention();
     }
     capture_store(const capture_store&) = delete;
@@ -128,16 +89,7 @@ public:
     /// Waits for the device (a replay may still use private memory) and gives every chunk back.
     ~capture_store() {
         std::lock_guard lock(mutex_);
-        if (chunk_owner_.empty()) return;
-        try {
-            synchronize_devices();
-        } catch (...) {
-            report_failure("stream_ordered_pool: synchronizing the device failed before giving capture memory back");
-        }
-        for (auto& [base, pool] : chunk_owner_) {
-            annotations_.heap_returned(reinterpret_cast<void*>(base));
-            upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(base), pool->chunks.at(base), chunk_alignment_);
-        }
+        chunks_.release_all();
     }
 
     /// The pool must look at captures on this call (a route is open, or every call is checked).
@@ -145,8 +97,8 @@ public:
     /// Some route is open: a graph is being captured with this pool's knowledge.
     [[nodiscard]] bool routing() const noexcept { return routes_.load(std::memory_order_acquire) != 0; }
     /// `address` lies in private memory. Lock-free; one atomic load while no private chunk exists.
-    [[nodiscard, gnu::always_inline]] bool owns(std::uintptr_t address) const noexcept { return ranges_.contains(address); }
-    [[nodiscard]] std::size_t reserved_bytes() const noexcept { return reserved_.load(std::memory_order_relaxed); }
+    [[nodiscard, gnu::always_inline]] bool owns(std::uintptr_t address) const noexcept { return chunks_.owns(address); }
+    [[nodiscard]] std::size_t reserved_bytes() const noexcept { return chunks_.reserved_bytes(); }
 
     [[nodiscard]] capture_pool_id make_id() noexcept { return {0, next_id_.fetch_add(1, std::memory_order_relaxed) + 1}; }
 
@@ -230,44 +182,19 @@ public:
         route* r = route_for(stream, bytes);
         if (r == nullptr) return nullptr;
         private_pool& p = *r->pool;
-        const std::size_t size = align_up(bytes, granule);
-        free_block b;
-        if (auto pending = p.pending.find(platform_type::stream_key(stream)); pending != p.pending.end()) {
-            b = pending->second.take(size, alignment);
-        }
-        if (b.size == 0) b = p.common.take(size, alignment);
-        if (b.size == 0 && grow(p, size, alignment)) b = p.common.take(size, alignment);
+        const free_block b = chunks_.take(p, platform_type::stream_key(stream), bytes, alignment);
         if (b.size == 0) {
             throw out_of_memory(bytes, alignment, device_, figures_locked().totals(), "stream_ordered_pool",
                                 "capture pool " + text(p.id) + ": no free block fits and no chunk could be taken");
         }
-        p.block_bytes += b.size;
-        live_bytes_ += bytes;
-        ++allocations_;
         return reinterpret_cast<void*>(b.address);
     }
 
     /// Takes back a private block (owns(address)) given back on `stream`.
     void deallocate(stream_type stream, std::uintptr_t address, std::size_t bytes) noexcept {
         std::lock_guard lock(mutex_);
-        auto it = chunk_owner_.upper_bound(address);
-        if (it == chunk_owner_.begin()) return; // unreachable: owns(address)
-        --it;
-        private_pool& p = *it->second;
-        const free_block b{address, align_up(bytes, granule), it->first};
-        p.block_bytes -= b.size;
-        live_bytes_ -= bytes;
-        ++deallocations_;
-        if (p.routing) {
-            try {
-                keep_free(p, p.pending[platform_type::stream_key(stream)], b);
-            } catch (...) {
-                lose(p, b.size);
-            }
-        } else {
-            keep_free(p, p.common, b);
-            if (p.holds == 0) collect();
-        }
+        private_pool* p = chunks_.give(platform_type::stream_key(stream), address, bytes);
+        if (p != nullptr && !p->routing && p->holds == 0) collect();
     }
 
     /// The stream is being captured (known from a route, else asked). For a block of the ordinary
@@ -295,18 +222,6 @@ public:
     }
 
 private:
-    /// One private pool.
-    struct private_pool {
-        capture_pool_id id;
-        std::size_t holds = 0;       ///< begin_route calls not yet released
-        bool routing = false;        ///< a route to it is open
-        std::map<std::uintptr_t, std::size_t> chunks; ///< base -> size
-        std::size_t reserved = 0;    ///< sum of chunks' sizes
-        std::size_t block_bytes = 0; ///< handed out, rounded
-        std::size_t lost = 0;
-        free_set common;             ///< free for any later allocation routed here
-        std::map<std::uintptr_t, free_set> pending; ///< stream key -> given back there during the route
-    };
     /// An open route: the pool it serves and the streams it claims.
     struct route {
         private_pool* pool;
@@ -326,7 +241,7 @@ private:
         update_attention();
         p.routing = false;
         for (auto& [key, set] : p.pending) {
-            set.drain([&](const free_block& b) { keep_free(p, p.common, b); });
+            set.drain([&](const free_block& b) { chunks_.keep_free(p, p.common, b); });
         }
         p.pending.clear();
     }
@@ -351,73 +266,6 @@ private:
         return nullptr;
     }
 
-    /// Takes a chunk for `size` bytes at `alignment` into p's common set (mutex_ held). Strong.
-    /// Under a relaxed capture mode from the start: the owner's limit may ask the device for its
-    /// free memory (cudaMemGetInfo), as potentially unsafe as taking the memory.
-    bool grow(private_pool& p, std::size_t size, std::size_t alignment) {
-        const basic_capture_mode_guard<platform_type> relaxed(capture_mode::relaxed);
-        const std::size_t need = size + (alignment > chunk_alignment_ ? alignment - chunk_alignment_ : 0);
-        const std::size_t preferred = need <= growth_step_ ? growth_step_ : align_up(need, chunk_rounding);
-        const std::size_t tries[2] = {preferred, need}; // the exact need when the preferred chunk is refused
-        for (std::size_t i = 0; i < (preferred == need ? 1U : 2U); ++i) {
-            const std::size_t n = tries[i];
-            if (!may_take_(n)) continue;
-            ranges_.reserve(ranges_.size() + 1);
-            void* ptr = take_chunk(n);
-            if (ptr == nullptr) continue;
-            const auto base = reinterpret_cast<std::uintptr_t>(ptr);
-            try {
-                p.chunks.emplace(base, n);
-                try {
-                    chunk_owner_.emplace(base, &p);
-                    p.common.insert({base, n, base});
-                } catch (...) {
-                    chunk_owner_.erase(base);
-                    throw;
-                }
-            } catch (...) {
-                p.chunks.erase(base);
-                upstream_.deallocate(growth_stream_->view(), ptr, n, chunk_alignment_);
-                throw;
-            }
-            ranges_.insert(base, base + n); // room reserved above
-            update_attention();
-            announce(p, ptr, n);
-            p.reserved += n;
-            reserved_.fetch_add(n, std::memory_order_relaxed);
-            ++upstream_allocations_;
-            return true;
-        }
-        return false;
-    }
-
-    /// `n` bytes from the upstream on the store's own stream (made at the first growth), usable by
-    /// every stream once taken (the stream is synchronized: it runs nothing else); nullptr when the
-    /// upstream has none. Throws what making or synchronizing the stream throws, giving the memory
-    /// back first (mutex_ held, relaxed capture mode).
-    void* take_chunk(std::size_t n) { return take_waited(upstream_, growth_stream_, device_, n, chunk_alignment_); }
-
-    /// Announces a new chunk of `p` to CUDA's tools: a heap that is one region, named after `p`.
-    void announce(const private_pool& p, const void* chunk, std::size_t n) noexcept {
-        if (!annotations_.on()) return; // spares the name
-        try {
-            annotations_.heap_taken(chunk, n, "custody capture pool " + text(p.id), /*whole=*/true);
-        } catch (...) { // no memory for the name: the chunk goes unannounced
-        }
-    }
-
-    void keep_free(private_pool& p, free_set& set, const free_block& b) noexcept {
-        try {
-            set.insert(b);
-        } catch (...) {
-            lose(p, b.size);
-        }
-    }
-    void lose(private_pool& p, std::size_t size) noexcept {
-        p.lost += size;
-        report_failure("stream_ordered_pool: no host memory to record a free capture block; it stays unused until its pool is released");
-    }
-
     /// Gives back the free chunks of pools without holds, when no route is open (mutex_ held).
     /// Waits for the device first: a graph replay may still be using them. Returns the bytes.
     std::size_t collect() noexcept {
@@ -431,48 +279,9 @@ private:
         } catch (...) {
             return 0;
         }
-        const auto whole = [](const private_pool& p) {
-            return [&p](std::uintptr_t address, std::size_t size) {
-                auto c = p.chunks.find(address);
-                return c != p.chunks.end() && c->second == size;
-            };
-        };
-        bool any = false;
-        for (private_pool* p : released) {
-            p->common.for_each([&](const free_block& b) { any = any || whole(*p)(b.address, b.size); });
-        }
-        if (!any) return 0;
-        try {
-            synchronize_devices();
-        } catch (...) {
-            report_failure("stream_ordered_pool: synchronizing the device failed; capture memory is kept for now");
-            return 0;
-        }
-        std::size_t given = 0;
-        for (private_pool* p : released) {
-            p->common.take_whole_chunks(whole(*p), [&](const free_block& b) {
-                p->chunks.erase(b.address);
-                chunk_owner_.erase(b.address);
-                ranges_.erase(b.address);
-                update_attention();
-                p->reserved -= b.size;
-                reserved_.fetch_sub(b.size, std::memory_order_relaxed);
-                annotations_.heap_returned(reinterpret_cast<void*>(b.address));
-                upstream_.deallocate(stream_type{}, reinterpret_cast<void*>(b.address), b.size, chunk_alignment_);
-                ++upstream_deallocations_;
-                given += b.size;
-            });
-            if (p->chunks.empty()) pools_.erase(p->id);
-        }
+        const std::size_t given = chunks_.give_back(released);
+        std::erase_if(pools_, [](const auto& entry) { return entry.second->holds == 0 && entry.second->chunks.empty(); });
         return given;
-    }
-
-    void synchronize_devices() const {
-        if (device_ >= 0) {
-            platform_type::synchronize_device(device_);
-        } else {
-            for (int d = 0; d < platform_type::device_count(); ++d) platform_type::synchronize_device(d);
-        }
     }
 
     [[nodiscard]] capture_figures figures_locked() const noexcept {
@@ -485,13 +294,9 @@ private:
             f.lost_bytes += p->lost;
             f.chunks += p->chunks.size();
         }
-        f.live_bytes = live_bytes_;
+        chunks_.add_to(f);
         f.pools = pools_.size();
         f.routes = routes_list_.size();
-        f.allocations = allocations_;
-        f.deallocations = deallocations_;
-        f.upstream_allocations = upstream_allocations_;
-        f.upstream_deallocations = upstream_deallocations_;
         return f;
     }
 
@@ -505,35 +310,18 @@ private:
     /// The key of no stream (a route without an origin).
     static constexpr std::uintptr_t no_key = ~std::uintptr_t{0};
 
-    static std::string text(capture_pool_id id) {
-        return "{" + std::to_string(id.first) + ", " + std::to_string(id.second) + "}";
-    }
-
-    Upstream& upstream_;
-    const int device_;
-    const std::size_t chunk_alignment_;
-    const std::size_t growth_step_;
     const bool every_call_;
     const bool always_careful_;
-    const limit_type may_take_;
     const quiet_type quiet_;
-    custody::detail::memory_annotations& annotations_;
+    const int device_;
 
     mutable custody::detail::mutex mutex_;
-    std::optional<typename platform_type::stream> growth_stream_; ///< made at the first growth
     std::map<capture_pool_id, std::unique_ptr<private_pool>> pools_;
     std::set<capture_pool_id> retired_; ///< ids released for good: one small node per released id
-    std::map<std::uintptr_t, private_pool*> chunk_owner_; ///< chunk base -> its pool
     std::vector<route> routes_list_;
-    std::atomic<std::size_t> routes_{0};  ///< == routes_list_.size(), read without the lock
-    std::atomic<std::size_t> reserved_{0};
+    std::atomic<std::size_t> routes_{0}; ///< == routes_list_.size(), read without the lock
     std::atomic<std::uint64_t> next_id_{0};
-    address_ranges ranges_;
-    std::size_t live_bytes_ = 0;
-    std::uint64_t allocations_ = 0;
-    std::uint64_t deallocations_ = 0;
-    std::uint64_t upstream_allocations_ = 0;
-    std::uint64_t upstream_deallocations_ = 0;
+    private_chunks<Upstream> chunks_;    ///< guarded by mutex_ (owns() and reserved_bytes() are lock-free)
 };
 
 } // namespace custody::pool::detail

@@ -9,6 +9,7 @@
 #include <custody/core/concepts.hpp>
 #include <custody/platform/capture.hpp>
 #include <custody/pool/detail/covering.hpp>
+#include <custody/pool/detail/other_streams.hpp>
 #include <custody/pool/detail/request.hpp>
 #include <custody/pool/detail/shared_store.hpp>
 #include <custody/pool/detail/stream_caches.hpp>
@@ -47,8 +48,8 @@ public:
 
     seam(const pool_options& options, caches_type& front, covering_type& covering, shared_store<Upstream>& store,
          activity_counters& activity)
-        : policy_(options.reuse), working_set_(options.stream_working_set), working_set_total_(options.working_set_total),
-          front_(front), cover_(covering), store_(store), activity_(activity) {}
+        : others_(options, front, covering, store, activity), front_(front), cover_(covering), store_(store),
+          activity_(activity) {}
     seam(const seam&) = delete;
     seam& operator=(const seam&) = delete;
 
@@ -77,47 +78,13 @@ public:
     /// The ladder for `r` on `stream` (its shard `sh`, held against retirement, or nullptr), each
     /// step costlier or more disruptive than the last; nullptr when none serves.
     void* ladder(stream_type stream, shard* sh, request r) {
-        if (void* p = take_class(stream, sh, r, false)) return p;
+        if (void* p = others_.take_class(stream, sh, r, false)) return p;
         if (void* p = take_cached(sh, r)) return p;
         if (void* p = take_consolidated(stream, sh, r, store_.reserved() / 128, store_.within_initial())) return p;
         if (void* p = take_from_other_streams(stream, sh, r, true)) return p;
         if (void* p = grow_and_take(stream, sh, r)) return p;
         if (void* p = take_from_other_streams(stream, sh, r, false)) return p; // the working sets too
         return kept(sh, store_.grow_and_take(r.kind, r.size, r.alignment, sh != nullptr));
-    }
-
-    /// Other streams' covered blocks of the request's size class (a consumer's blocks, given back
-    /// to the stream that allocates them), moved in a batch onto this stream's hot stack in O(1)
-    /// each: those whose event has completed (unless same_stream), and with `may_wait` under
-    /// follow_dependencies those behind a stream wait on the event.
-    void* take_class(stream_type stream, shard* sh, request r, bool may_wait) {
-        if (sh == nullptr || !r.small() || r.alignment > granule || policy_ == reuse_policy::same_stream) return nullptr;
-        std::array<std::uintptr_t, 64> got;
-        std::size_t want = 0, n = 0;
-        {
-            std::lock_guard lock(sh->mutex);
-            want = std::clamp<std::size_t>(sh->classes.hot_room(r.size_class) + 1, 1, got.size());
-        }
-        working_sets kept(*this, true);
-        front_.for_each([&](shard& other) {
-            if (n == want || &other == sh) return;
-            std::lock_guard lock(other.mutex);
-            if (other.classes.cold_count(r.size_class) == 0 || kept.keeps(other)) return;
-            if (!covering_type::idle(other.event)) {
-                if (!may_wait || policy_ != reuse_policy::follow_dependencies || !covering_type::usable(other.event)) return;
-                wait_for(stream, other.event);
-                activity_counters::count(activity_.dependency_waits);
-            } else {
-                activity_counters::count(activity_.opportunistic_reuses);
-            }
-            other.classes.take_cold(r.size_class, want - n, [&](std::uintptr_t a) { got[n++] = a; });
-        });
-        if (n == 0) return nullptr;
-        std::lock_guard lock(sh->mutex);
-        for (std::size_t i = 1; i < n; ++i) {
-            if (!sh->classes.push_beyond_cap(r.size_class, got[i])) store_.lose(r.size); // theirs now: uncovered here
-        }
-        return reinterpret_cast<void*>(got[0]);
     }
 
     /// The tighter of two fits, this stream's spans of the request's kind and the shared set:
@@ -191,16 +158,17 @@ public:
     /// one holding the most rather than grow, so that it stays bounded whatever the streams do.
     /// Working sets (pool_options::stream_working_set) are left alone while `keep_working_sets`.
     void* take_from_other_streams(stream_type stream, shard* sh, request r, bool keep_working_sets) {
-        if (policy_ != reuse_policy::same_stream && drain(sh, keep_working_sets, false)) {
+        const reuse_policy policy = others_.policy();
+        if (policy != reuse_policy::same_stream && others_.drain(sh, keep_working_sets, false)) {
             if (void* p = kept(sh, store_.take(r.kind, r.size, r.alignment, sh != nullptr))) return p;
         }
-        if (policy_ == reuse_policy::follow_dependencies && sh != nullptr) {
-            if (void* p = take_class(stream, sh, r, true)) return p;
-            if (!adopt_covered(stream, *sh, keep_working_sets)) return nullptr;
+        if (policy == reuse_policy::follow_dependencies && sh != nullptr) {
+            if (void* p = others_.take_class(stream, sh, r, true)) return p;
+            if (!others_.adopt_covered(stream, *sh, keep_working_sets)) return nullptr;
             return reinterpret_cast<void*>(front_.take_span(*sh, r.kind, r));
         }
         const std::size_t need = keep_working_sets ? std::max(r.size, store_.reserved() / 8) : r.size;
-        if (!drain(sh, keep_working_sets, true, need)) return nullptr;
+        if (!others_.drain(sh, keep_working_sets, true, need)) return nullptr;
         return kept(sh, store_.take(r.kind, r.size, r.alignment, sh != nullptr));
     }
 
@@ -210,7 +178,7 @@ public:
     void* grow_and_take(stream_type stream, shard* sh, request r) {
         if constexpr (shared_store<Upstream>::maps) {
             if (sh != nullptr) release_own_idle(stream, *sh);
-            unmap_idle(sh, store_.shortfall(r.kind, r.size, r.alignment));
+            others_.unmap_idle(sh, store_.shortfall(r.kind, r.size, r.alignment));
         }
         return kept(sh, store_.grow_and_take(r.kind, r.size, r.alignment, sh != nullptr));
     }
@@ -225,7 +193,7 @@ public:
             return nullptr;
         }
         activity_counters::count(activity_.reclaims);
-        reclaim();
+        others_.reclaim();
         const free_block b = store_.take_or_regrow(r.kind, r.size, r.alignment);
         return b.size != 0 ? reinterpret_cast<void*>(b.address) : nullptr;
     }
@@ -260,63 +228,10 @@ public:
         }
     }
 
-    /// Moves every stream's cache to the shared set once its blocks are idle: a stream whose
-    /// blocks are all covered is waited for through its event, the others through one
-    /// synchronization of the device (their streams may be gone; the device has their work).
-    /// Throws what the platform's waits throw (the blocks taken are then quarantined).
-    void reclaim() {
-        std::vector<std::vector<free_block>> taken;
-        taken.reserve(front_.made()); // no allocation once blocks are out
-        bool uncovered = false;
-        front_.for_each([&](shard& sh) {
-            if (taken.size() == taken.capacity()) return; // a shard created during the reclaim
-            std::lock_guard lock(sh.mutex);
-            // An event recorded in a capture custody was not told of cannot be waited for: the
-            // device's synchronization covers its blocks instead.
-            if (sh.dirty() || !covering_type::usable(sh.event)) {
-                uncovered = true;
-            } else {
-                sh.event.synchronize();
-            }
-            taken.push_back(sh.take_blocks(which_blocks::all));
-        });
-        if (uncovered) {
-            try {
-                cover_.synchronize_devices();
-            } catch (...) { // their work may still be running: they are never reused
-                for (const auto& blocks : taken) {
-                    for (const auto& b : blocks) store_.quarantine(b.size);
-                }
-                throw;
-            }
-        }
-        for (auto& blocks : taken) store_.insert_runs(blocks);
-    }
+    /// Moves every stream's cache to the shared set once idle (see other_streams::reclaim).
+    void reclaim() { others_.reclaim(); }
 
 private:
-    /// One pass over the shards deciding which streams keep their free memory as their own working
-    /// set (pool_options::stream_working_set): a stream that gives back what it allocates (its live
-    /// bytes are not negative: not a consumer of another stream's blocks) and caches at most
-    /// stream_working_set bytes, while the streams so kept cache at most working_set_total in all.
-    class working_sets {
-    public:
-        working_sets(const seam& s, bool keep) noexcept
-            : per_stream_(keep ? s.working_set_ : 0), total_(keep ? s.working_set_total_ : 0) {}
-        /// Whether `sh` (its lock held) keeps its cache; counts it when it does.
-        [[nodiscard]] bool keeps(const shard& sh) noexcept {
-            if (per_stream_ == 0 || sh.credit.live() < 0) return false;
-            const std::size_t cached = sh.cached();
-            if (cached > per_stream_ || cached > total_ - kept_) return false;
-            kept_ += cached;
-            return true;
-        }
-
-    private:
-        std::size_t per_stream_;
-        std::size_t total_;
-        std::size_t kept_ = 0; ///< <= total_
-    };
-
     /// The stream's recent blocks merged into its spans (its lock held), recording first when some
     /// are not covered.
     void merge_recent(shard& sh, stream_type stream) noexcept {
@@ -344,90 +259,6 @@ private:
         return reinterpret_cast<void*>(t.block.address);
     }
 
-    /// Moves other streams' covered blocks to the shared set. Without `waiting`: those of every
-    /// stream whose event has completed. With it: when the others hold at least `need` covered
-    /// bytes, those of the stream holding the most, after a host wait on its event when it has not
-    /// completed (counted); the wait's failure is thrown (the blocks quarantined). True when any
-    /// moved.
-    bool drain(const shard* self, bool keep_working_sets, bool waiting, std::size_t need = 0) {
-        working_sets kept(*this, keep_working_sets);
-        shard* largest = nullptr;
-        std::size_t most = 0;
-        bool moved = false;
-        front_.for_each([&](shard& other) {
-            if (&other == self) return;
-            std::vector<free_block> blocks;
-            {
-                std::lock_guard lock(other.mutex);
-                const std::size_t covered = other.covered_bytes();
-                if (covered == 0 || kept.keeps(other)) return;
-                if (waiting) {
-                    if (covered > most && covering_type::usable(other.event)) most = covered, largest = &other;
-                    return;
-                }
-                if (!covering_type::idle(other.event)) return;
-                blocks = other.take_blocks(which_blocks::covered);
-            }
-            if (blocks.empty()) return;
-            moved = true;
-            store_.insert_runs(blocks);
-            activity_counters::count(activity_.opportunistic_reuses);
-        });
-        if (!waiting || largest == nullptr || most < need) return moved;
-        std::vector<free_block> blocks;
-        {
-            std::lock_guard lock(largest->mutex);
-            blocks = largest->take_blocks(which_blocks::covered);
-            if (blocks.empty()) return false;
-            if (!largest->event.ready()) {
-                try {
-                    largest->event.synchronize();
-                } catch (...) {
-                    for (const auto& b : blocks) store_.quarantine(b.size);
-                    throw;
-                }
-                activity_counters::count(activity_.host_waits);
-            }
-        }
-        store_.insert_runs(blocks);
-        activity_counters::count(activity_.opportunistic_reuses);
-        return true;
-    }
-
-    /// Moves every covered block of other streams into this stream's spans behind a stream wait on
-    /// each one's event (a host wait for the default stream, see wait_for), then records this
-    /// stream's event so that they are covered here too. True when any moved.
-    bool adopt_covered(stream_type stream, shard& self, bool keep_working_sets) {
-        std::vector<free_block> adopted;
-        working_sets kept(*this, keep_working_sets);
-        front_.for_each([&](shard& other) {
-            if (&other == &self) return;
-            std::vector<free_block> blocks;
-            {
-                std::lock_guard lock(other.mutex);
-                if (other.covered_bytes() == 0 || kept.keeps(other) || !covering_type::usable(other.event)) return;
-                blocks = other.take_blocks(which_blocks::covered); // may throw: nothing taken
-                try {
-                    wait_for(stream, other.event);
-                } catch (...) {
-                    for (const auto& b : blocks) store_.quarantine(b.size); // their work may still run
-                    throw;
-                }
-            }
-            activity_counters::count(activity_.dependency_waits);
-            try {
-                adopted.insert(adopted.end(), blocks.begin(), blocks.end());
-            } catch (const std::bad_alloc&) {
-                for (const auto& b : blocks) store_.lose(b.size);
-            }
-        });
-        if (adopted.empty()) return false;
-        std::lock_guard lock(self.mutex);
-        store_.chunks().insert_runs(adopted, self.spans, [&](std::size_t size) { store_.lose(size); });
-        cover_.cover(self, stream); // the spans hold covered blocks only
-        return true;
-    }
-
     /// Before the pool maps more for this stream: its own spans go to the shared set once idle (its
     /// event, recorded now when some recent blocks are not covered, has completed), where growth
     /// joins them to the granules it maps beside them and unmaps those it cannot use.
@@ -450,36 +281,7 @@ private:
         store_.insert_runs(blocks);
     }
 
-    /// Unmaps up to `want` bytes (rounded up to granules) of whole granules that other streams'
-    /// caches hold idle (covered, their event completed): unmapping is not reuse, it gives memory
-    /// no work uses back to the device, under every reuse policy.
-    void unmap_idle(const shard* self, std::size_t want) {
-        if (want == 0) return;
-        std::vector<address_run> runs;
-        std::size_t done = 0;
-        front_.for_each([&](shard& sh) {
-            if (done >= want || &sh == self) return;
-            std::lock_guard lock(sh.mutex);
-            if (sh.covered_bytes() < store_.map_granule() || !covering_type::idle(sh.event)) return;
-            sh.merge_recent(sh.recent.covered(), store_.chunks());
-            done += cover_.take_granules(sh, want - done, runs);
-        });
-        store_.unmap_idle(runs);
-    }
-
-    /// Makes `stream` wait for `e`: a stream wait, or a host wait for the default stream, whose
-    /// memory (the synchronous pair's) is usable at once by the host and by every stream.
-    static void wait_for(stream_type stream, const typename platform_type::event& e) {
-        if (stream == stream_type{}) {
-            e.synchronize();
-        } else {
-            platform_type::wait(stream, e);
-        }
-    }
-
-    reuse_policy policy_;
-    std::size_t working_set_;       ///< pool_options::stream_working_set
-    std::size_t working_set_total_; ///< pool_options::working_set_total
+    other_streams<Upstream> others_;
     caches_type& front_;
     covering_type& cover_;
     shared_store<Upstream>& store_;
