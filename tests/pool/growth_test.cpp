@@ -635,16 +635,20 @@ std::vector<custody::pool::misuse>& misuses_seen() {
     return v;
 }
 void record_misuse(const custody::pool::misuse& m) noexcept { misuses_seen().push_back(m); }
-} // namespace
-
-TEST_CASE("a checked pool refuses each misuse of deallocate with a typed report and stays as it was",
-          "[pool][checked]") {
+/// A checked pool's options whose misuses land in misuses_seen(), emptied here.
+pool_options recording_misuses() {
     misuses_seen().clear();
     misuses_seen().reserve(16);
     pool_options o;
     o.checked = true;
     o.on_misuse = &record_misuse;
-    stream_ordered_pool<simulated_device_memory> pool(o, 0, 64 * MiB);
+    return o;
+}
+} // namespace
+
+TEST_CASE("a checked pool refuses each misuse of deallocate with a typed report and stays as it was",
+          "[pool][checked]") {
+    stream_ordered_pool<simulated_device_memory> pool(recording_misuses(), 0, 64 * MiB);
     custody::host::stream s;
     void* a = pool.allocate(s, 1000, 256);
     void* b = pool.allocate(s, 3 * MiB, 256);
@@ -688,12 +692,7 @@ TEST_CASE("a checked pool refuses each misuse of deallocate with a typed report 
 
 TEST_CASE("a checked pool's common path records its blocks with their stream and refuses the same misuses",
           "[pool][checked]") {
-    misuses_seen().clear();
-    misuses_seen().reserve(16);
-    pool_options o;
-    o.checked = true;
-    o.on_misuse = &record_misuse;
-    stream_ordered_pool<simulated_device_memory> pool(o, 0, 64 * MiB);
+    stream_ordered_pool<simulated_device_memory> pool(recording_misuses(), 0, 64 * MiB);
     custody::host::stream s;
     custody::host::stream t;
     // The first pair makes the stream's stack and its table of live blocks; the next blocks come

@@ -5,123 +5,75 @@
 #pragma once
 
 #include <custody/core/failure_callback.hpp>
+#include <custody/pool/detail/probe_table.hpp>
 #include <custody/pool/detail/size_classes.hpp>
 #include <custody/pool/detail/spin_mutex.hpp>
 #include <custody/pool/pool_misuse.hpp>
 
-#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <mutex>
 
 namespace custody::pool::detail {
 
-/// The live blocks of one stream's shard in a checked pool, that its common path served: an
-/// open-addressing table keyed by a block's start with its alignment (at most the granule) in the
-/// low bits the granule leaves free, and its requested bytes, so that a pair records and forgets
-/// under the lock its shard already holds, with no allocation while the table has room.
+/// The live blocks of one stream's shard in a checked pool, that its common path served: records
+/// keyed by a block's start with its alignment (at most the granule) in the low bits the granule
+/// leaves free, valued by its requested bytes, so that a pair records and forgets under the lock
+/// its shard already holds, with no allocation while the table has room.
 ///
-/// Invariants: capacity_ is 0 or a power of two >= 16; 2 * count_ <= capacity_; each record is
-/// one slot (key != 0), found by probing linearly from slot_of(key) without passing an empty slot.
+/// Invariants: the table is at most half full; one record a block the common path handed out.
 /// Thread safety: none; the shard's lock guards it. Memory: 16 bytes a slot.
 class live_table {
 public:
-    live_table() = default;
-    live_table(const live_table&) = delete;
-    live_table& operator=(const live_table&) = delete;
-
     /// Records a block at `address` handed out for (`bytes`, `alignment` <= granule); false when the
     /// table would have to grow (reserve first).
     [[nodiscard, gnu::always_inline]] bool try_add(std::uintptr_t address, std::size_t bytes, std::size_t alignment) noexcept {
-        if (2 * (count_ + 1) > capacity_) [[unlikely]] return false;
-        const std::uintptr_t k = address | (alignment - 1);
-        std::size_t i = slot_of(k);
-        while (slots_[i].key != 0) i = (i + 1) & (capacity_ - 1);
-        slots_[i] = {k, bytes};
-        ++count_;
+        if (!table_.fits(1)) [[unlikely]] return false;
+        table_.insert(address | (alignment - 1), bytes);
         return true;
     }
     /// Makes room for one more record. Strong.
     void reserve_one() {
-        if (2 * (count_ + 1) > capacity_) grow();
+        if (!table_.fits(1)) table_.grow();
     }
     /// Forgets the block at `address` when it was recorded for (`bytes`, `alignment`); false (nothing
     /// changed) otherwise.
     [[nodiscard, gnu::always_inline]] bool forget(std::uintptr_t address, std::size_t bytes, std::size_t alignment) noexcept {
-        if (capacity_ == 0 || alignment - 1 >= granule) [[unlikely]] return false;
-        const std::uintptr_t k = address | (alignment - 1);
-        for (std::size_t i = slot_of(k); slots_[i].key != 0; i = (i + 1) & (capacity_ - 1)) {
-            if (slots_[i].key != k) continue;
-            if (slots_[i].bytes != bytes) return false;
-            erase(i);
-            return true;
-        }
-        return false;
+        if (alignment - 1 >= granule) [[unlikely]] return false;
+        const std::size_t i = table_.find(address | (alignment - 1));
+        if (i == probe_table::npos || table_.at(i).value != bytes) return false;
+        table_.erase(i);
+        return true;
     }
     /// The record of the block holding `address` (its start, bytes, alignment); a start of 0 when none.
     [[nodiscard]] misuse find(std::uintptr_t address) const noexcept {
         misuse m;
-        for (std::size_t i = 0; i < capacity_; ++i) {
-            const std::uintptr_t start = slots_[i].key & ~(granule - 1);
-            if (slots_[i].key != 0 && start <= address && address < start + block_size(slots_[i].bytes)) {
+        for (std::size_t i = 0; i < table_.capacity(); ++i) {
+            const probe_table::slot& e = table_.at(i);
+            const std::uintptr_t start = e.key & ~(granule - 1);
+            if (e.key != 0 && start <= address && address < start + block_size(e.value)) {
                 m.block = start;
-                m.block_bytes = slots_[i].bytes;
-                m.block_alignment = (slots_[i].key & (granule - 1)) + 1;
+                m.block_bytes = e.value;
+                m.block_alignment = (e.key & (granule - 1)) + 1;
             }
         }
         return m;
     }
-    [[nodiscard]] std::size_t size() const noexcept { return count_; }
+    [[nodiscard]] std::size_t size() const noexcept { return table_.size(); }
 
 private:
-    struct slot {
-        std::uintptr_t key = 0; ///< address | (alignment - 1); 0: empty
-        std::size_t bytes = 0;
-    };
-    [[nodiscard]] std::size_t slot_of(std::uintptr_t k) const noexcept { return static_cast<std::size_t>(k >> 8) & (capacity_ - 1); }
-    void erase(std::size_t i) noexcept {
-        const std::size_t mask = capacity_ - 1;
-        for (std::size_t j = (i + 1) & mask; slots_[j].key != 0; j = (j + 1) & mask) {
-            const std::size_t home = slot_of(slots_[j].key);
-            if (((j - home) & mask) >= ((j - i) & mask)) { // slot j may move to i
-                slots_[i] = slots_[j];
-                i = j;
-            }
-        }
-        slots_[i] = slot{};
-        --count_;
-    }
-    [[gnu::noinline]] void grow() {
-        const std::size_t capacity = std::max<std::size_t>(16, 2 * capacity_);
-        auto slots = std::make_unique<slot[]>(capacity);
-        std::swap(slots, slots_);
-        const std::size_t old = capacity_;
-        capacity_ = capacity;
-        for (std::size_t i = 0; i < old; ++i) {
-            if (slots[i].key == 0) continue;
-            std::size_t j = slot_of(slots[i].key);
-            while (slots_[j].key != 0) j = (j + 1) & (capacity_ - 1);
-            slots_[j] = slots[i];
-        }
-    }
-
-    std::size_t capacity_ = 0;
-    std::size_t count_ = 0;
-    std::unique_ptr<slot[]> slots_;
+    probe_table table_;
 };
 
-/// The live blocks of a checked pool that its careful way served: an open-addressing table keyed by a block's start (linear
-/// probing, erased by shifting back, so probes stay short without tombstones), so that a pair costs
-/// three short critical sections (room made, block recorded, block forgotten) and no allocation.
+/// The live blocks of a checked pool that its careful way served: records keyed by a block's start
+/// (probe_table), so that a pair costs three short critical sections (room made, block recorded,
+/// block forgotten) and no allocation.
 ///
-/// Invariants (under mutex_; n = count_, p = pending_, c = capacity_):
-///   c is 0 or a power of two >= 16; 2 * (n + p) <= c: the table is at most half full, room made
-///   ahead for the p records reserved and not yet added
-///   each live block is one slot (address != 0), found by probing from slot_of(address) without
-///   passing an empty slot; no two slots hold one address
-///   a slot's shape = bytes * 64 + log2(alignment): the allocation's request, 16 bytes a slot
+/// Invariants (under mutex_; n = table_.size(), p = pending_, c = table_.capacity()):
+///   2 * (n + p) <= c: the table is at most half full, room made ahead for the p records reserved
+///   and not yet added; no two records hold one address
+///   a record's value = bytes * 64 + log2(alignment): the allocation's request, 16 bytes a slot
 /// Thread safety: thread-safe (one spin lock, taken with no other lock of the pool held).
 /// Complexity: O(1) expected per add and forget; a refused deallocate scans the table (O(c)) to
 /// tell an interior pointer from a double free, once per misuse.
@@ -131,9 +83,9 @@ public:
     /// takes no block. Strong.
     [[gnu::always_inline]] void reserve_one() {
         mutex_.lock();
-        if (2 * (count_ + pending_ + 1) > capacity_) [[unlikely]] {
+        if (!table_.fits(pending_ + 1)) [[unlikely]] {
             try {
-                grow();
+                table_.grow();
             } catch (...) {
                 mutex_.unlock();
                 throw;
@@ -153,7 +105,7 @@ public:
     [[gnu::always_inline]] void add(std::uintptr_t address, std::size_t bytes, std::size_t alignment) noexcept {
         mutex_.lock();
         --pending_;
-        insert(address, bytes, alignment);
+        table_.insert(address, shape(bytes, alignment));
         mutex_.unlock();
     }
 
@@ -161,17 +113,11 @@ public:
     /// nothing forgotten, otherwise (then misuse_of says what is wrong).
     [[nodiscard, gnu::always_inline]] bool forget(std::uintptr_t address, std::size_t bytes, std::size_t alignment) noexcept {
         mutex_.lock();
-        if (capacity_ != 0) [[likely]] {
-            for (std::size_t i = slot_of(address); slots_[i].address != 0; i = (i + 1) & (capacity_ - 1)) {
-                if (slots_[i].address != address) continue;
-                if (slots_[i].shape != shape(bytes, alignment)) break;
-                erase(i);
-                mutex_.unlock();
-                return true;
-            }
-        }
+        const std::size_t i = table_.find(address);
+        const bool found = i != probe_table::npos && table_.at(i).value == shape(bytes, alignment);
+        if (found) table_.erase(i);
         mutex_.unlock();
-        return false;
+        return found;
     }
 
     /// What is wrong with a deallocate of `m` (address, bytes, alignment) that forget refused:
@@ -181,13 +127,11 @@ public:
     [[nodiscard]] misuse misuse_of(misuse m, InChunk&& in_chunk) const noexcept {
         {
             const std::lock_guard lock(mutex_);
-            for (std::size_t i = 0; i < capacity_; ++i) {
-                const slot& e = slots_[i];
-                if (e.address == m.address) return with_block(m, misuse_kind::wrong_size, e);
-            }
-            for (std::size_t i = 0; i < capacity_; ++i) { // which block holds the pointer?
-                const slot& e = slots_[i];
-                if (e.address != 0 && e.address < m.address && m.address < e.address + block_size(e.shape >> 6)) {
+            const std::size_t at = table_.find(m.address);
+            if (at != probe_table::npos) return with_block(m, misuse_kind::wrong_size, table_.at(at));
+            for (std::size_t i = 0; i < table_.capacity(); ++i) { // which block holds the pointer?
+                const probe_table::slot& e = table_.at(i);
+                if (e.key != 0 && e.key < m.address && m.address < e.key + block_size(e.value >> 6)) {
                     return with_block(m, misuse_kind::interior_pointer, e);
                 }
             }
@@ -211,75 +155,24 @@ public:
 
     [[nodiscard]] std::size_t size() const {
         const std::lock_guard lock(mutex_);
-        return count_;
+        return table_.size();
     }
 
 private:
-    struct slot {
-        std::uintptr_t address = 0; ///< 0: an empty slot
-        std::size_t shape = 0;      ///< bytes * 64 + log2(alignment), as allocated
-    };
-
     [[nodiscard]] static std::size_t shape(std::size_t bytes, std::size_t alignment) noexcept {
         return bytes << 6 | static_cast<std::size_t>(std::countr_zero(alignment));
     }
-    static misuse with_block(misuse m, misuse_kind kind, const slot& e) noexcept {
+    static misuse with_block(misuse m, misuse_kind kind, const probe_table::slot& e) noexcept {
         m.kind = kind;
-        m.block = e.address;
-        m.block_bytes = e.shape >> 6;
-        m.block_alignment = std::size_t{1} << (e.shape & 63);
+        m.block = e.key;
+        m.block_bytes = e.value >> 6;
+        m.block_alignment = std::size_t{1} << (e.value & 63);
         return m;
     }
 
-    [[nodiscard]] std::size_t slot_of(std::uintptr_t address) const noexcept {
-        // Blocks start on 256-byte boundaries, and a pool's blocks lie close together: neighbours
-        // take neighbouring slots.
-        return static_cast<std::size_t>(address >> 8) & (capacity_ - 1);
-    }
-
-    /// Records a block in a free slot (mutex_ held, room made).
-    [[gnu::always_inline]] void insert(std::uintptr_t address, std::size_t bytes, std::size_t alignment) noexcept {
-        std::size_t i = slot_of(address);
-        while (slots_[i].address != 0) i = (i + 1) & (capacity_ - 1);
-        slots_[i] = {address, shape(bytes, alignment)};
-        ++count_;
-    }
-
-    /// Removes slot i, moving later slots of its probe run back so that no probe passes a hole.
-    void erase(std::size_t i) noexcept {
-        const std::size_t mask = capacity_ - 1;
-        for (std::size_t j = (i + 1) & mask; slots_[j].address != 0; j = (j + 1) & mask) {
-            const std::size_t home = slot_of(slots_[j].address);
-            // Slot j may move to i when its home does not lie in (i, j] (cyclically).
-            if (((j - home) & mask) >= ((j - i) & mask)) {
-                slots_[i] = slots_[j];
-                i = j;
-            }
-        }
-        slots_[i] = slot{};
-        --count_;
-    }
-
-    /// Doubles the table (at least 16 slots), rehashing every record. Strong.
-    [[gnu::noinline]] void grow() {
-        const std::size_t capacity = std::max<std::size_t>(16, 2 * capacity_);
-        auto slots = std::make_unique<slot[]>(capacity);
-        std::swap(slots, slots_);
-        const std::size_t old = capacity_;
-        capacity_ = capacity;
-        for (std::size_t i = 0; i < old; ++i) {
-            if (slots[i].address == 0) continue;
-            std::size_t j = slot_of(slots[i].address);
-            while (slots_[j].address != 0) j = (j + 1) & (capacity_ - 1);
-            slots_[j] = slots[i];
-        }
-    }
-
     mutable spin_mutex mutex_;
-    std::size_t capacity_ = 0;
-    std::size_t count_ = 0;
     std::size_t pending_ = 0;
-    std::unique_ptr<slot[]> slots_;
+    probe_table table_;
 };
 
 } // namespace custody::pool::detail

@@ -138,13 +138,7 @@ private:
         if (!sh.serves_locked(key) || !sh.classes.try_pop(classes_[(bytes - 1) / granule], address)) [[unlikely]] {
             return pop_checked(sh, key, bytes, alignment, p);
         }
-        ++sh.pops;
-        if (sh.credit.try_spend(bytes)) [[likely]] {
-            sh.mutex.unlock();
-        } else {
-            counts_.commit_and_unlock(sh, sh.credit.overdrawn(bytes), each_shard());
-        }
-        p = reinterpret_cast<void*>(address);
+        hand_out(sh, address, bytes, p);
         return true;
     }
     [[nodiscard, gnu::always_inline]] bool push(shard_head* head, std::uintptr_t key, std::uintptr_t address,
@@ -160,6 +154,17 @@ private:
         return true;
     }
 
+    /// The end of a pop (the shard's lock held; released here): counted, the stream's credit spent
+    /// (or the pool-wide total committed), the block handed out.
+    [[gnu::always_inline]] void hand_out(shard& sh, std::uintptr_t address, std::size_t bytes, void*& p) {
+        ++sh.pops;
+        if (sh.credit.try_spend(bytes)) [[likely]] {
+            sh.mutex.unlock();
+        } else {
+            counts_.commit_and_unlock(sh, sh.credit.overdrawn(bytes), each_shard());
+        }
+        p = reinterpret_cast<void*>(address);
+    }
     /// pop's rare branch (the shard's lock held; released here): in a checked pool whose shard
     /// serves `key`, the pop recorded among the live blocks (when the record needs no allocation;
     /// else false, for the careful way to make room first); false otherwise.
@@ -175,13 +180,7 @@ private:
             sh.mutex.unlock();
             return false;
         }
-        ++sh.pops;
-        if (sh.credit.try_spend(bytes)) [[likely]] {
-            sh.mutex.unlock();
-        } else {
-            counts_.commit_and_unlock(sh, sh.credit.overdrawn(bytes), each_shard());
-        }
-        p = reinterpret_cast<void*>(address);
+        hand_out(sh, address, bytes, p);
         return true;
     }
     /// push's rare branch (the shard's lock held; released here): in a checked pool whose shard
