@@ -129,7 +129,14 @@ def compiled_files(build):
     path = build / "compile_commands.json"
     if not path.exists():
         return None
-    return {str(pathlib.Path(c["directory"], c["file"]).resolve()) for c in json.loads(path.read_text())}
+    files = set()
+    for c in json.loads(path.read_text()):
+        source = pathlib.Path(c["directory"], c["file"]).resolve()
+        files.add(str(source))
+        if "-unity" in source.name and source.exists():  # a unity build's file includes the program's files
+            for m in re.finditer(r"^#include\s*[<\"]([^>\"]+)[>\"]", source.read_text(), re.M):
+                files.add(str(pathlib.Path(m.group(1)).resolve()))
+    return files
 
 
 def main(argv):
