@@ -429,8 +429,9 @@ namespace {
 
 /// A producer stream allocating eight blocks of 4 KiB to 3 MiB a round and a consumer stream giving
 /// them back (after work of its own on each when `busy`, so that its event is pending when the
-/// producer asks), for `rounds` rounds: the reserve must stay within 1.5x of the live peak and be the
-/// same at the end as after the first thousand rounds, under every reuse policy.
+/// producer asks), for `rounds` rounds: the reserve must stay within 1.5x of the live peak under
+/// every reuse policy, and with an idle consumer be the same at the end as after the first
+/// thousand rounds.
 template <class Pool, class... Args>
 void producer_consumer(reuse_policy policy, int rounds, bool busy, Args&&... upstream) {
     constexpr std::size_t sizes[] = {4 * KiB, 64 * KiB, 1 * MiB, 3 * MiB, 4 * KiB, 64 * KiB, 1 * MiB, 3 * MiB};
@@ -457,7 +458,11 @@ void producer_consumer(reuse_policy policy, int rounds, bool busy, Args&&... ups
                    << s.dependency_waits << ", reclaims " << s.reclaims);
     CHECK(s.totals.reserved_bytes * 2 <= s.totals.peak_live_bytes * 3); // within 1.5x
     CHECK(s.totals.peak_reserved_bytes * 2 <= s.totals.peak_live_bytes * 3);
-    CHECK(s.totals.reserved_bytes == reserved_early);                    // flat over the rounds
+    // Flat over the rounds: exactly, when nothing is pending on the consumer. A busy consumer's
+    // event may still be pending whenever the producer asks (how often depends on the machine's
+    // timing: under ASan it is more often), and the pool then grows instead of waiting; the 1.5x
+    // bound above is what holds for it at every round.
+    if (!busy) CHECK(s.totals.reserved_bytes == reserved_early);
     CHECK(s.reclaims == 0);                                              // never the last resort
     if (policy == reuse_policy::follow_dependencies) CHECK(s.host_waits == 0); // stream waits only
     platform::synchronize(consumer);
