@@ -29,12 +29,7 @@ namespace custody::pool::detail {
 /// The seam of a pool over `Upstream`, on the taking side: every rule by which free memory leaves
 /// a stream for another or for the back end, and the order in which a miss tries them (take).
 ///
-/// Stream semantics: a block leaves its stream only covered (covering.hpp) and once its event has
-/// completed, behind a stream wait on the event (follow_dependencies), or after a host wait on it
-/// (the bound, the reclaim); blocks not yet covered leave only after the device is synchronized
-/// (reclaim). Working sets: a stream that gives back what it allocates keeps up to
-/// stream_working_set of its cache, working_set_total over all such streams, from the others while
-/// the pool may grow.
+/// Stream semantics and working sets: other_streams.hpp's, whose rules the ladder applies.
 /// Thread safety: thread-safe: each step takes the shards' locks one at a time, then the store's;
 /// never two at once. Ownership: refers to the pool's front, covering, back end and counters.
 template <stream_ordered_resource Upstream>
